@@ -1,0 +1,283 @@
+"""Triton dense GEMM kernel family for y = x @ w.T (nn.Linear layout).
+
+x is (M, K) and w is (N, K), both row-major; y is (M, N). Inputs are bf16,
+fp16 or fp8 e4m3 (per-tensor scales, bf16 output); fp32 accumulates. fp32
+inputs are accepted for CPU interpreter tests.
+
+Variants (configs in gemm_configs.py):
+- tiled: output tiles in grouped order, masked loads; any shape and stride.
+- splitk: K split over SPLIT_K programs writing fp32 partials, then a small
+  reduce kernel applies the scales and casts. For decode and skinny shapes.
+- persistent: one program per SM walks the tile list, loading through TMA
+  tensor descriptors (Hopper). Needs 16-byte aligned rows.
+- vendor: torch.mm (cuBLAS) or torch._scaled_mm (fp8).
+
+``launch(cfg, x, w, ...)`` runs any candidate on torch tensors.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from .gemm_configs import (DTYPE_BYTES, OUT_DTYPE, GemmConfig, PersistentConfig, SplitKConfig,
+                           TiledConfig, VendorConfig)
+
+TORCH_DTYPES = {
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp32": torch.float32,
+    "fp8": torch.float8_e4m3fn,
+}
+DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
+
+
+@triton.jit
+def _grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    # Walk GROUP_M row-blocks at a time so consecutive programs share w tiles in L2.
+    group_size = GROUP_M * num_pid_n
+    group_id = tile_id // group_size
+    first_m = group_id * GROUP_M
+    rows = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (tile_id % group_size) % rows
+    pid_n = (tile_id % group_size) // rows
+    return pid_m, pid_n
+
+
+@triton.jit
+def _mainloop(x_ptr, w_ptr, offs_m, offs_n, M, N, K, k_tile0, k_tiles, stride_xm, stride_wn,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              EVEN_K: tl.constexpr):
+    # Out-of-range rows/cols are clamped to index 0 rather than masked: the
+    # loads stay unpredicated along M/N, and the store mask drops those lanes.
+    rm = tl.where(offs_m < M, offs_m, 0)
+    rn = tl.where(offs_n < N, offs_n, 0)
+    offs_k = k_tile0 * BLOCK_K + tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + rm[:, None] * stride_xm + offs_k[None, :]
+    w_ptrs = w_ptr + rn[:, None] * stride_wn + offs_k[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kt in range(0, k_tiles):
+        if EVEN_K:
+            a = tl.load(x_ptrs)
+            b = tl.load(w_ptrs)
+        else:
+            k_mask = offs_k[None, :] < K - kt * BLOCK_K
+            a = tl.load(x_ptrs, mask=k_mask, other=0.0)
+            b = tl.load(w_ptrs, mask=k_mask, other=0.0)
+        acc = tl.dot(a, tl.trans(b), acc)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    return acc
+
+
+@triton.jit(do_not_specialize=["M"])
+def gemm_tiled_kernel(x_ptr, w_ptr, y_ptr, sa_ptr, sb_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+                      HAS_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
+    """One program per (BLOCK_M, BLOCK_N) output tile, tiles in grouped order."""
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), num_pid_m, num_pid_n, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = _mainloop(x_ptr, w_ptr, offs_m, offs_n, M, N, K, 0, tl.cdiv(K, BLOCK_K), stride_xm,
+                    stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+    if HAS_SCALE:
+        acc = acc * (tl.load(sa_ptr) * tl.load(sb_ptr))
+    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def gemm_splitk_kernel(x_ptr, w_ptr, ws_ptr, M, N, K, stride_xm, stride_wn,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """Program (tile, s) multiplies the s-th slice of K and writes fp32 partials ws[s]."""
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    tile = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    pid_m = tile // num_pid_n
+    pid_n = tile % num_pid_n
+    # Balanced slices of whole k-tiles: every slice gets at least one tile
+    # because the feasibility filter requires cdiv(K, BLOCK_K) >= SPLIT_K.
+    total = tl.cdiv(K, BLOCK_K)
+    t0 = pid_s * total // SPLIT_K
+    t1 = (pid_s + 1) * total // SPLIT_K
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = _mainloop(x_ptr, w_ptr, offs_m, offs_n, M, N, K, t0, t1 - t0, stride_xm,
+                    stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+    ws_ptrs = ws_ptr + pid_s * M * N + offs_m[:, None] * N + offs_n[None, :]
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(ws_ptrs, acc, mask=mask)
+
+
+@triton.jit(do_not_specialize=["MN"])
+def splitk_reduce_kernel(ws_ptr, y_ptr, sa_ptr, sb_ptr, MN, SPLIT_K: tl.constexpr,
+                         HAS_SCALE: tl.constexpr, BLOCK: tl.constexpr):
+    """y = scale * sum_s ws[s], cast to the output dtype."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(ws_ptr + s * MN + offs, mask=mask, other=0.0)
+    if HAS_SCALE:
+        acc = acc * (tl.load(sa_ptr) * tl.load(sb_ptr))
+    tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def gemm_persistent_kernel(x_desc, w_desc, y_desc, sa_ptr, sb_ptr, M, N, K,
+                           HAS_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                           BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr):
+    """A fixed grid of programs strides over all output tiles; TMA loads/stores."""
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    scale = 1.0
+    if HAS_SCALE:
+        scale = tl.load(sa_ptr) * tl.load(sb_ptr)
+    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, NUM_PROGRAMS):
+        pid_m, pid_n = _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        # TMA zero-fills out-of-bounds boxes, so the K tail needs no mask.
+        for kt in range(k_tiles):
+            a = x_desc.load([off_m, kt * BLOCK_K])
+            b = w_desc.load([off_n, kt * BLOCK_K])
+            acc = tl.dot(a, b.T, acc)
+        if HAS_SCALE:
+            acc = acc * scale
+        y_desc.store([off_m, off_n], acc.to(y_desc.dtype))
+
+
+# ----------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def num_sms(device_index: int) -> int:
+    """Streaming multiprocessor count (4 on CPU, for the interpreter)."""
+    if device_index < 0:
+        return 4
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _device_index(t: torch.Tensor) -> int:
+    return t.device.index if t.device.type == "cuda" else -1
+
+
+def dtype_name(t: torch.Tensor) -> str:
+    """Short dtype name ('bf16', 'fp16', 'fp8', 'fp32') of a tensor; ValueError if unsupported."""
+    try:
+        return DTYPE_NAMES[t.dtype]
+    except KeyError:
+        raise ValueError(f"unsupported dtype {t.dtype}; supported: {sorted(TORCH_DTYPES)}") from None
+
+
+def check_operands(x: torch.Tensor, w: torch.Tensor, scale_a=None, scale_b=None) -> str:
+    """Validate x (M, K) and w (N, K) for y = x @ w.T; returns the dtype name."""
+    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
+        raise ValueError("x and w must be torch tensors")
+    if x.dim() != 2 or w.dim() != 2:
+        raise ValueError(f"x and w must be 2-D, got x.dim()={x.dim()}, w.dim()={w.dim()}")
+    if x.shape[1] != w.shape[1]:
+        raise ValueError(f"K mismatch: x is {tuple(x.shape)}, w is {tuple(w.shape)} (w is (N, K))")
+    if x.dtype != w.dtype:
+        raise ValueError(f"dtype mismatch: x is {x.dtype}, w is {w.dtype}")
+    if x.device != w.device:
+        raise ValueError(f"device mismatch: x on {x.device}, w on {w.device}")
+    if not x.is_contiguous():
+        raise ValueError("x must be contiguous (row-major)")
+    if not w.is_contiguous():
+        raise ValueError("w must be contiguous (row-major, (N, K))")
+    if x.shape[0] < 1 or w.shape[0] < 1 or x.shape[1] < 1:
+        raise ValueError(f"M, N and K must be >= 1, got x {tuple(x.shape)}, w {tuple(w.shape)}")
+    name = dtype_name(x)
+    if name == "fp8":
+        for label, s in (("scale_a", scale_a), ("scale_b", scale_b)):
+            if s is None or not isinstance(s, torch.Tensor) or s.numel() != 1 or s.dtype != torch.float32:
+                raise ValueError(f"{label} must be a one-element float32 tensor for fp8 inputs")
+    return name
+
+
+def alloc_output(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Uninitialised (M, N) output of the right dtype for x @ w.T."""
+    out_dtype = TORCH_DTYPES[OUT_DTYPE[dtype_name(x)]]
+    return torch.empty((x.shape[0], w.shape[0]), dtype=out_dtype, device=x.device)
+
+
+def launch(cfg: GemmConfig, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
+           scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None) -> torch.Tensor:
+    """Run candidate ``cfg`` for y = x @ w.T (times scale_a * scale_b for fp8). Returns y.
+
+    Does not validate its arguments (hot path); call check_operands first on
+    untrusted input. Never synchronises the device, so it is CUDA-graph safe.
+    """
+    M, K = x.shape
+    N = w.shape[0]
+    if out is None:
+        out = alloc_output(x, w)
+    has_scale = x.dtype == torch.float8_e4m3fn
+    sa = scale_a if has_scale else x
+    sb = scale_b if has_scale else x
+    if isinstance(cfg, TiledConfig):
+        grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
+        gemm_tiled_kernel[grid](
+            x, w, out, sa, sb, M, N, K, x.stride(0), w.stride(0), out.stride(0),
+            HAS_SCALE=has_scale, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            GROUP_M=cfg.group_m, EVEN_K=K % cfg.block_k == 0,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        return out
+    if isinstance(cfg, SplitKConfig):
+        ws = torch.empty((cfg.split_k, M, N), dtype=torch.float32, device=x.device)
+        grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n), cfg.split_k)
+        gemm_splitk_kernel[grid](
+            x, w, ws, M, N, K, x.stride(0), w.stride(0),
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
+            EVEN_K=K % cfg.block_k == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        block = 1024
+        splitk_reduce_kernel[(triton.cdiv(M * N, block),)](
+            ws, out, sa, sb, M * N, SPLIT_K=cfg.split_k, HAS_SCALE=has_scale, BLOCK=block, num_warps=4)
+        return out
+    if isinstance(cfg, PersistentConfig):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+        programs = min(num_sms(_device_index(x)), tiles)
+        x_desc = TensorDescriptor.from_tensor(x, [cfg.block_m, cfg.block_k])
+        w_desc = TensorDescriptor.from_tensor(w, [cfg.block_n, cfg.block_k])
+        y_desc = TensorDescriptor.from_tensor(out, [cfg.block_m, cfg.block_n])
+        gemm_persistent_kernel[(programs,)](
+            x_desc, w_desc, y_desc, sa, sb, M, N, K, HAS_SCALE=has_scale,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            NUM_PROGRAMS=programs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        return out
+    if isinstance(cfg, VendorConfig):
+        if has_scale:
+            # w.t() of a row-major (N, K) weight is the column-major B cuBLASLt wants.
+            # _scaled_mm has no out= overload; its own result is returned.
+            return torch._scaled_mm(x, w.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=out.dtype)
+        return torch.mm(x, w.t(), out=out)
+    raise TypeError(f"unknown config type {type(cfg).__name__}")
+
+
+def reference(x: torch.Tensor, w: torch.Tensor, scale_a=None, scale_b=None) -> torch.Tensor:
+    """fp32 reference of y = x @ w.T (times the fp8 scales), TF32 off."""
+    xf, wf = x.float(), w.float()
+    if x.device.type == "cuda":
+        prev = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        try:
+            y = xf @ wf.t()
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = prev
+    else:
+        y = xf @ wf.t()
+    if x.dtype == torch.float8_e4m3fn:
+        y = y * (scale_a.float() * scale_b.float())
+    return y

@@ -1,0 +1,278 @@
+"""Config spaces of the dense GEMM kernel family, as data.
+
+Every candidate the dispatcher can choose is a frozen dataclass with a stable
+string id. ``generate_configs(arch, dtype)`` lists the statically feasible
+candidates of an architecture (shared memory, register pressure), and
+``check_feasible(cfg, problem)`` applies the per-problem rules (TMA alignment,
+split-K limits, workspace size). Nothing here touches CUDA.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, fields
+from typing import ClassVar, Iterator, Union
+
+# Element sizes in bytes of the input dtypes the family supports. fp32 is only
+# used by CPU interpreter tests.
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
+# Output dtype per input dtype: fp8 (e4m3, per-tensor scales) writes bf16.
+OUT_DTYPE = {"bf16": "bf16", "fp16": "fp16", "fp8": "bf16", "fp32": "fp32"}
+DTYPES = tuple(DTYPE_BYTES)
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """The numbers of a GPU architecture that the config space depends on."""
+
+    name: str
+    smem_per_block: int  # largest dynamic shared memory one program may use, bytes
+    max_acc_per_thread: int  # fp32 accumulator registers per thread before spilling
+    has_tma: bool
+
+
+ARCHS = {
+    # Hopper: 227 KiB opt-in shared memory per block, TMA and wgmma.
+    "sm90": ArchSpec("sm90", 232448, 128, True),
+    # Ampere/Ada: no TMA; 163 KiB (A100) is the common upper bound.
+    "sm80": ArchSpec("sm80", 166912, 128, False),
+}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One dense GEMM: y (M, N) = x (M, K) @ w (N, K).T, nn.Linear layout."""
+
+    m: int
+    n: int
+    k: int
+    dtype: str
+
+    def __post_init__(self):
+        for name in ("m", "n", "k"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ValueError(f"{name} must be an int, got {type(v).__name__}")
+            if v <= 0:
+                raise ValueError(f"{name} must be >= 1, got {v}")
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}")
+
+    @property
+    def key(self) -> str:
+        return f"{self.dtype}:{self.m}x{self.n}x{self.k}"
+
+
+@dataclass(frozen=True)
+class TiledConfig:
+    """Classic output-tiled kernel with grouped (L2-friendly) tile ordering."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+    variant: ClassVar[str] = "tiled"
+
+    @property
+    def id(self) -> str:
+        return (f"tiled_m{self.block_m}n{self.block_n}k{self.block_k}"
+                f"_g{self.group_m}_w{self.num_warps}s{self.num_stages}")
+
+
+@dataclass(frozen=True)
+class SplitKConfig:
+    """Split-K kernel for decode/skinny shapes: fp32 partials, then a reduce kernel."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int
+    num_warps: int
+    num_stages: int
+    variant: ClassVar[str] = "splitk"
+
+    @property
+    def id(self) -> str:
+        return (f"splitk_m{self.block_m}n{self.block_n}k{self.block_k}"
+                f"_s{self.split_k}_w{self.num_warps}s{self.num_stages}")
+
+
+@dataclass(frozen=True)
+class PersistentConfig:
+    """Persistent kernel (one program per SM) over TMA tensor descriptors (Hopper)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+    variant: ClassVar[str] = "persistent"
+
+    @property
+    def id(self) -> str:
+        return (f"persistent_m{self.block_m}n{self.block_n}k{self.block_k}"
+                f"_g{self.group_m}_w{self.num_warps}s{self.num_stages}")
+
+
+@dataclass(frozen=True)
+class VendorConfig:
+    """The vendor library: torch.mm (cuBLAS) or torch._scaled_mm for fp8."""
+
+    library: str = "cublas"
+    variant: ClassVar[str] = "vendor"
+
+    @property
+    def id(self) -> str:
+        return self.library
+
+
+GemmConfig = Union[TiledConfig, SplitKConfig, PersistentConfig, VendorConfig]
+VARIANTS = {c.variant: c for c in (TiledConfig, SplitKConfig, PersistentConfig, VendorConfig)}
+VARIANT_CODES = {"tiled": 0, "splitk": 1, "persistent": 2, "vendor": 3}
+# Uniform numeric view of any config, used by features and data files.
+PARAM_NAMES = ("block_m", "block_n", "block_k", "group_m", "split_k", "num_warps", "num_stages")
+
+_ID_RE = {
+    "tiled": re.compile(r"^tiled_m(\d+)n(\d+)k(\d+)_g(\d+)_w(\d+)s(\d+)$"),
+    "splitk": re.compile(r"^splitk_m(\d+)n(\d+)k(\d+)_s(\d+)_w(\d+)s(\d+)$"),
+    "persistent": re.compile(r"^persistent_m(\d+)n(\d+)k(\d+)_g(\d+)_w(\d+)s(\d+)$"),
+}
+
+
+def config_from_id(cid: str) -> GemmConfig:
+    """Inverse of ``cfg.id``. Raises ValueError for an unknown id."""
+    if cid == "cublas":
+        return VendorConfig()
+    for variant, rx in _ID_RE.items():
+        m = rx.match(cid)
+        if m:
+            return VARIANTS[variant](*map(int, m.groups()))
+    raise ValueError(f"unknown config id {cid!r}")
+
+
+def config_params(cfg: GemmConfig) -> dict:
+    """Numeric parameters of any config under the uniform names of PARAM_NAMES (0 = n/a)."""
+    names = {f.name for f in fields(cfg)}
+    out = {p: getattr(cfg, p) if p in names else 0 for p in PARAM_NAMES}
+    if isinstance(cfg, (TiledConfig, PersistentConfig)):
+        out["split_k"] = 1
+    if isinstance(cfg, SplitKConfig):
+        out["group_m"] = 1
+    return out
+
+
+def smem_bytes(cfg: GemmConfig, dtype: str) -> int:
+    """Shared memory a config needs: the pipelined A and B tiles, plus the TMA store tile."""
+    if isinstance(cfg, VendorConfig):
+        return 0
+    e = DTYPE_BYTES[dtype]
+    total = cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * e
+    if isinstance(cfg, PersistentConfig):
+        total += cfg.block_m * cfg.block_n * DTYPE_BYTES[OUT_DTYPE[dtype]]
+    return total
+
+
+def static_feasible(cfg: GemmConfig, arch: ArchSpec, dtype: str) -> tuple[bool, str]:
+    """Problem-independent feasibility: shared memory, registers, instruction shapes."""
+    if isinstance(cfg, VendorConfig):
+        return True, ""
+    if isinstance(cfg, PersistentConfig) and not arch.has_tma:
+        return False, "persistent TMA kernel needs an arch with TMA"
+    if smem_bytes(cfg, dtype) > arch.smem_per_block:
+        return False, f"shared memory {smem_bytes(cfg, dtype)} B > {arch.smem_per_block} B"
+    acc_per_thread = cfg.block_m * cfg.block_n // (cfg.num_warps * 32)
+    if acc_per_thread > arch.max_acc_per_thread:
+        return False, f"{acc_per_thread} accumulator registers per thread would spill"
+    if dtype == "fp8" and cfg.block_k < 32:
+        return False, "fp8 dot needs block_k >= 32"
+    # wgmma needs a warpgroup per 64 rows; 8 warps on a 16- or 32-row tile idle half of them.
+    if cfg.num_warps == 8 and cfg.block_m * cfg.block_n < 64 * 64:
+        return False, "8 warps on a tile smaller than 64x64"
+    return True, ""
+
+
+# The sm_90 search space. Chosen around the Hopper wgmma shapes: tiles of
+# 64/128 rows for compute-bound work, 16/32 rows for decode, split-K up to 16.
+_SPACE_SM90 = {
+    "tiled": dict(block_m=(16, 32, 64, 128), block_n=(32, 64, 128, 256), block_k=(64, 128),
+                  group_m=(8,), warps_stages=((4, 3), (4, 4), (8, 3), (8, 4))),
+    "splitk": dict(block_m=(16, 32, 64), block_n=(32, 64, 128), block_k=(64, 128, 256),
+                   split_k=(2, 4, 8, 16), warps_stages=((4, 3), (4, 4))),
+    "persistent": dict(block_m=(64, 128), block_n=(64, 128, 256), block_k=(64, 128),
+                       group_m=(8,), warps_stages=((4, 3), (4, 4), (8, 3), (8, 4))),
+}
+
+
+def _enumerate(variant: str, space: dict) -> Iterator[GemmConfig]:
+    cls = VARIANTS[variant]
+    ws = space["warps_stages"]
+    keys = [k for k in space if k != "warps_stages"]
+    for combo in itertools.product(*(space[k] for k in keys)):
+        for w, s in ws:
+            yield cls(**dict(zip(keys, combo)), num_warps=w, num_stages=s)
+
+
+def generate_configs(arch: str = "sm90", dtype: str = "bf16", include_vendor: bool = True) -> list[GemmConfig]:
+    """All statically feasible candidates for (arch, dtype), in a stable order."""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; known: {sorted(ARCHS)}")
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {dtype!r}; known: {sorted(DTYPE_BYTES)}")
+    spec = ARCHS[arch]
+    out: list[GemmConfig] = []
+    for variant, space in _SPACE_SM90.items():
+        for cfg in _enumerate(variant, space):
+            if static_feasible(cfg, spec, dtype)[0]:
+                out.append(cfg)
+    if include_vendor and dtype != "fp32":
+        out.append(VendorConfig())
+    return out
+
+
+# Split-K partials are fp32 (SPLIT_K, M, N); above this they cost more memory
+# traffic than they save and may not fit next to a serving engine's KV cache.
+SPLITK_WORKSPACE_LIMIT = 256 * 1024 * 1024
+
+
+def check_feasible(cfg: GemmConfig, problem: Problem, arch: str = "sm90") -> tuple[bool, str]:
+    """Whether cfg can run problem correctly on arch; returns (ok, reason)."""
+    spec = ARCHS[arch]
+    ok, why = static_feasible(cfg, spec, problem.dtype)
+    if not ok:
+        return ok, why
+    e = DTYPE_BYTES[problem.dtype]
+    if isinstance(cfg, VendorConfig):
+        if problem.dtype == "fp8" and (problem.k % 16 or problem.n % 16):
+            return False, "torch._scaled_mm needs K and N divisible by 16"
+        if problem.dtype == "fp32":
+            return False, "vendor candidate is for bf16/fp16/fp8"
+        return True, ""
+    if isinstance(cfg, PersistentConfig):
+        # TMA descriptors need 16-byte aligned row strides for x, w and y.
+        if (problem.k * e) % 16:
+            return False, "TMA needs K * element size divisible by 16"
+        if (problem.n * DTYPE_BYTES[OUT_DTYPE[problem.dtype]]) % 16:
+            return False, "TMA needs N * output element size divisible by 16"
+    if isinstance(cfg, SplitKConfig):
+        k_tiles = -(-problem.k // cfg.block_k)
+        if k_tiles < cfg.split_k:
+            return False, f"K={problem.k} has {k_tiles} k-tiles < split_k={cfg.split_k}"
+        if cfg.split_k * problem.m * problem.n * 4 > SPLITK_WORKSPACE_LIMIT:
+            return False, "split-K workspace above limit"
+    return True, ""
+
+
+def feasible_configs(problem: Problem, arch: str = "sm90", include_vendor: bool = True) -> list[GemmConfig]:
+    """Candidates that can run ``problem`` on ``arch``."""
+    return [c for c in generate_configs(arch, problem.dtype, include_vendor)
+            if check_feasible(c, problem, arch)[0]]
+
+
+def space_hash(configs) -> str:
+    """Stable hash of a candidate list, for manifests."""
+    import hashlib
+
+    return hashlib.sha256("\n".join(c.id for c in configs).encode()).hexdigest()[:16]
