@@ -1,0 +1,115 @@
+"""Correctness gate: a candidate's timing counts only if its output is right.
+
+Right means: every output element was written (the output is poisoned with
+NaN before the run) and the relative Frobenius error against an fp32 torch
+reference (TF32 off) is under a per-dtype bound.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+from ..kernels import gemm
+from ..kernels.gemm_configs import GemmConfig, Problem
+
+# Relative Frobenius error bounds, per input dtype. The error is dominated by
+# rounding the fp32 accumulator to the output dtype (bf16: 2^-9 per element,
+# fp16: 2^-12) and by TF32 for fp32 dots on the GPU.
+ERROR_BOUNDS = {"bf16": 1e-2, "fp16": 2e-3, "fp8": 1e-2, "fp32": 2e-3}
+
+STATUS_OK = "ok"
+STATUS_WRONG = "wrong"
+STATUS_COMPILE_ERROR = "compile_error"
+STATUS_OUT_OF_RESOURCES = "out_of_resources"
+STATUS_CRASH = "crash"  # the process died while running this candidate
+STATUSES = (STATUS_OK, STATUS_WRONG, STATUS_COMPILE_ERROR, STATUS_OUT_OF_RESOURCES, STATUS_CRASH)
+
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+@dataclass
+class Operands:
+    """One set of inputs and a preallocated output for a problem."""
+
+    x: torch.Tensor
+    w: torch.Tensor
+    out: torch.Tensor
+    scale_a: torch.Tensor | None = None
+    scale_b: torch.Tensor | None = None
+
+    def run(self, cfg: GemmConfig) -> torch.Tensor:
+        return gemm.launch(cfg, self.x, self.w, self.out, self.scale_a, self.scale_b)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.x, self.w, self.out))
+
+
+def seed_for(problem: Problem, seed: int) -> int:
+    """Deterministic per-problem seed, independent of Python's hash randomisation."""
+    h = hashlib.sha256(f"{problem.key}/{seed}".encode()).digest()
+    return int.from_bytes(h[:4], "little")
+
+
+def make_operands(problem: Problem, device: str | torch.device, generator: torch.Generator) -> Operands:
+    """Fresh random inputs (never zeros). Weights are scaled by 1/sqrt(K) so outputs are O(1)."""
+    m, n, k = problem.m, problem.n, problem.k
+    x = torch.randn((m, k), generator=generator, device=device, dtype=torch.float32)
+    w = torch.randn((n, k), generator=generator, device=device, dtype=torch.float32) * k ** -0.5
+    if problem.dtype == "fp8":
+        sa = (x.abs().amax() / FP8_MAX).reshape(1).float()
+        sb = (w.abs().amax() / FP8_MAX).reshape(1).float()
+        xq = (x / sa).to(torch.float8_e4m3fn)
+        wq = (w / sb).to(torch.float8_e4m3fn)
+        out = torch.empty((m, n), dtype=torch.bfloat16, device=device)
+        return Operands(xq, wq, out, sa, sb)
+    dt = gemm.TORCH_DTYPES[problem.dtype]
+    xd, wd = x.to(dt), w.to(dt)
+    return Operands(xd, wd, torch.empty((m, n), dtype=dt, device=device))
+
+
+def reference(ops: Operands) -> torch.Tensor:
+    """fp32 reference output for one operand set."""
+    return gemm.reference(ops.x, ops.w, ops.scale_a, ops.scale_b)
+
+
+def classify_exception(exc: BaseException) -> str:
+    """Map an exception raised while compiling/launching a candidate to a status."""
+    name = type(exc).__name__
+    text = str(exc)
+    if name == "OutOfResources" or "out of resource" in text.lower():
+        return STATUS_OUT_OF_RESOURCES
+    if "CUDA error" in text or "illegal memory access" in text or name == "AcceleratorError":
+        return STATUS_CRASH
+    return STATUS_COMPILE_ERROR
+
+
+def check_output(y: torch.Tensor, ref: torch.Tensor, dtype: str) -> tuple[bool, float, str]:
+    """(passed, relative error, reason) of an output against the reference."""
+    if y.shape != ref.shape:
+        return False, float("nan"), f"shape {tuple(y.shape)} != {tuple(ref.shape)}"
+    yf = y.float()
+    bad = ~torch.isfinite(yf)
+    if bool(bad.any()):
+        return False, float("nan"), f"{int(bad.sum())} elements unwritten or non-finite"
+    denom = torch.linalg.vector_norm(ref).item()
+    err = torch.linalg.vector_norm(yf - ref).item() / max(denom, 1e-30)
+    bound = ERROR_BOUNDS[dtype]
+    if not err <= bound:
+        return False, err, f"relative error {err:.3g} > {bound:g}"
+    return True, err, ""
+
+
+def gate(cfg: GemmConfig, ops: Operands, ref: torch.Tensor, dtype: str) -> tuple[str, float, str]:
+    """Run cfg once on poisoned output and check it. Returns (status, rel_err, detail)."""
+    ops.out.fill_(float("nan"))
+    try:
+        y = ops.run(cfg)
+        if y.is_cuda:
+            torch.cuda.synchronize(y.device)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a status row
+        return classify_exception(exc), float("nan"), f"{type(exc).__name__}: {str(exc)[:300]}"
+    ok, err, why = check_output(y, ref, dtype)
+    return (STATUS_OK if ok else STATUS_WRONG), err, why

@@ -1,0 +1,81 @@
+"""Fill Triton's on-disk kernel cache from parallel worker processes.
+
+Compiling one config takes ~0.4 s; a sweep over hundreds of configs and a few
+specialisations would spend most of its time compiling in the measuring
+process. Workers launch each (config, specialisation) once on a tiny probe
+problem with the same divisibility properties, which compiles it into the
+shared cache; the sweep then only loads cubins. Errors are ignored here: the
+sweep meets them again and records them as rows.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from typing import Iterable
+
+from ..kernels.gemm_configs import Problem, VendorConfig, config_from_id
+
+
+def specialisation(p: Problem) -> tuple:
+    """What Triton specialises on (besides constexprs): divisibility of N, K and strides."""
+    return (p.dtype, p.n % 16 == 0, p.n % 8, p.k % 16 == 0, p.k % 8,
+            p.k % 64 == 0, p.k % 128 == 0, p.k % 256 == 0)
+
+
+def probe(p: Problem) -> Problem:
+    """Tiny problem compiling to the same kernels as p (M is never specialised on)."""
+    return Problem(3, 16 + p.n % 16, p.k, p.dtype)
+
+
+def _worker(tasks: list[tuple[str, int, int, int, str]]) -> int:
+    import torch
+
+    from ..kernels import gemm
+    from .correctness import make_operands
+
+    done = 0
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    cache = {}
+    for cid, m, n, k, dtype in tasks:
+        prob = Problem(m, n, k, dtype)
+        if prob not in cache:
+            cache[prob] = make_operands(prob, "cuda", gen)
+        try:
+            cache[prob].run(config_from_id(cid))
+            done += 1
+        except Exception:  # noqa: BLE001 - the sweep records the failure
+            pass
+    torch.cuda.synchronize()
+    return done
+
+
+def plan(problems_and_configs: Iterable[tuple[Problem, list]]) -> list[tuple]:
+    """Distinct (config id, probe problem) tasks for the given problems."""
+    seen = set()
+    tasks = []
+    for prob, cfgs in problems_and_configs:
+        sig = specialisation(prob)
+        pr = probe(prob)
+        for c in cfgs:
+            if isinstance(c, VendorConfig) or (c.id, sig) in seen:
+                continue
+            seen.add((c.id, sig))
+            tasks.append((c.id, pr.m, pr.n, pr.k, pr.dtype))
+    return tasks
+
+
+def precompile(problems_and_configs, workers: int | None = None, log=print) -> int:
+    """Compile every needed (config, specialisation) in parallel; returns how many compiled."""
+    tasks = plan(problems_and_configs)
+    if not tasks:
+        return 0
+    workers = workers or max(1, min(14, (os.cpu_count() or 2) - 2))
+    chunks = [tasks[i::workers] for i in range(workers)]
+    t0 = time.perf_counter()
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(workers) as pool:
+        n = sum(pool.map(_worker, [c for c in chunks if c]))
+    log(f"precompile: {n}/{len(tasks)} kernels ready in {time.perf_counter() - t0:.1f}s with {workers} workers")
+    return n

@@ -1,0 +1,102 @@
+"""Summaries of benchmark rows: oracle vs cuBLAS, HBM-floor fraction, status counts."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from ..kernels.gemm_configs import DTYPE_BYTES, OUT_DTYPE
+
+SHAPE_COLS = ["dtype", "m", "n", "k"]
+
+
+def load_rows(paths) -> pd.DataFrame:
+    """Rows of JSONL result files as a frame."""
+    from .store import read_rows
+
+    rows = read_rows(paths)
+    if not rows:
+        raise ValueError("no rows in " + ", ".join(map(str, paths)))
+    return pd.DataFrame(rows)
+
+
+def geomean(values) -> float:
+    vals = [float(v) for v in values if v == v and v > 0]
+    return math.exp(sum(map(math.log, vals)) / len(vals)) if vals else float("nan")
+
+
+def per_shape(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per shape: oracle (best Triton ok p50), its id, cuBLAS p50, candidate counts."""
+    ok = df[df["status"] == "ok"]
+    tri = ok[ok["variant"] != "vendor"]
+    idx = tri.groupby(SHAPE_COLS)["p50_us"].idxmin()
+    best = tri.loc[idx, SHAPE_COLS + ["candidate", "p50_us", "variant"]].rename(
+        columns={"candidate": "oracle_id", "p50_us": "oracle_us", "variant": "oracle_variant"})
+    vend = ok[ok["variant"] == "vendor"][SHAPE_COLS + ["p50_us"]].rename(columns={"p50_us": "cublas_us"})
+    counts = df.groupby(SHAPE_COLS).agg(n_rows=("candidate", "size"),
+                                        n_ok=("status", lambda s: int((s == "ok").sum())))
+    out = best.merge(vend, on=SHAPE_COLS, how="left").merge(counts.reset_index(), on=SHAPE_COLS, how="left")
+    out["speedup_vs_cublas"] = out["cublas_us"] / out["oracle_us"]
+    return out.sort_values(SHAPE_COLS).reset_index(drop=True)
+
+
+def min_bytes(m: int, n: int, k: int, dtype: str) -> int:
+    """Fewest bytes a GEMM must move: read x and w once, write y once."""
+    e = DTYPE_BYTES[dtype]
+    return (m * k + n * k) * e + m * n * DTYPE_BYTES[OUT_DTYPE[dtype]]
+
+
+def hbm_floor(shapes: pd.DataFrame, copy_gbps: float) -> pd.DataFrame:
+    """Add floor_us (bytes / measured copy bandwidth) and fractions of it reached."""
+    out = shapes.copy()
+    out["weight_mb"] = out["n"] * out["k"] * out["dtype"].map(DTYPE_BYTES) / 2**20
+    out["floor_us"] = [min_bytes(r.m, r.n, r.k, r.dtype) / (copy_gbps * 1e3) for r in out.itertuples()]
+    out["oracle_floor_frac"] = out["floor_us"] / out["oracle_us"]
+    out["cublas_floor_frac"] = out["floor_us"] / out["cublas_us"]
+    return out
+
+
+def markdown_table(df: pd.DataFrame) -> str:
+    """A frame as a GitHub markdown table (no tabulate dependency)."""
+    cols = [str(c) for c in df.columns]
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in df.itertuples(index=False):
+        out.append("| " + " | ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row) + " |")
+    return "\n".join(out)
+
+
+def summarize(df: pd.DataFrame, copy_gbps: float | None = None) -> str:
+    """Markdown summary of a benchmark run."""
+    lines = []
+    st = df.groupby(["dtype", "status"]).size().unstack(fill_value=0)
+    lines.append("### Rows by status\n\n" + markdown_table(st.reset_index()) + "\n")
+    ps = per_shape(df)
+    lines.append(f"### Oracle (best Triton) vs cuBLAS, {len(ps)} shapes\n")
+    lines.append("| dtype | M bucket | shapes | geomean cuBLAS/oracle | Triton wins |")
+    lines.append("|---|---|---|---|---|")
+    for dt, g in ps.groupby("dtype"):
+        for name, sel in (("M <= 64", g["m"] <= 64), ("64 < M < 1024", (g["m"] > 64) & (g["m"] < 1024)),
+                          ("M >= 1024", g["m"] >= 1024), ("all", g["m"] > 0)):
+            sub = g[sel & g["cublas_us"].notna()]
+            if len(sub):
+                lines.append(f"| {dt} | {name} | {len(sub)} | {geomean(sub['speedup_vs_cublas']):.3f}x | "
+                             f"{int((sub['speedup_vs_cublas'] > 1).sum())}/{len(sub)} |")
+    lines.append("")
+    wins = ps["oracle_variant"].value_counts()
+    lines.append("Oracle variant counts: " + ", ".join(f"{k} {v}" for k, v in wins.items()) + "\n")
+    if copy_gbps:
+        fl = hbm_floor(ps[ps["m"] <= 64], copy_gbps)
+        lines.append(f"### Decode (M <= 64) vs HBM floor (copy bandwidth {copy_gbps:.0f} GB/s)\n")
+        lines.append("| dtype | M | N | K | weight MB | floor us | oracle us | oracle % floor | cuBLAS % floor |")
+        lines.append("|---|---|---|---|---|---|---|---|---|")
+        for r in fl.sort_values(["weight_mb", "m"]).itertuples():
+            lines.append(f"| {r.dtype} | {r.m} | {r.n} | {r.k} | {r.weight_mb:.0f} | {r.floor_us:.1f} | "
+                         f"{r.oracle_us:.1f} | {100 * r.oracle_floor_frac:.0f}% | {100 * r.cublas_floor_frac:.0f}% |")
+        big = fl[fl["weight_mb"] >= 256]
+        if len(big):
+            lines.append(f"\nWeights >= 256 MB: oracle at {100 * big['oracle_floor_frac'].min():.0f}-"
+                         f"{100 * big['oracle_floor_frac'].max():.0f}% of the floor (median "
+                         f"{100 * big['oracle_floor_frac'].median():.0f}%), cuBLAS "
+                         f"{100 * big['cublas_floor_frac'].min():.0f}-{100 * big['cublas_floor_frac'].max():.0f}%.")
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,169 @@
+"""`costmodel` command line: benchmark sweeps and their summaries."""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+
+
+def _fail(msg: str) -> int:
+    print(f"costmodel: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def _shapes_from_args(args):
+    from gemm_costmodel import shapes as S
+
+    out = []
+    for dtype in args.dtype:
+        if args.shapes:
+            out += [s for s in S.read_shape_csv(args.shapes, default_dtype=dtype)
+                    if s.dtype == dtype or len(args.dtype) == 1]
+        elif args.suite == "foundation":
+            out += S.foundation_suite(dtype)
+        elif args.suite == "train":
+            out += S.training_suite(dtype)
+        else:
+            raise ValueError(f"unknown suite {args.suite!r}")
+    out = list(dict.fromkeys(out))
+    if args.limit:
+        out = out[: args.limit]
+    return out
+
+
+def cmd_bench(args) -> int:
+    import torch
+
+    from gemm_costmodel.benchmarks import harness, precompile, provenance, timing
+    from gemm_costmodel.benchmarks.store import ResultStore
+    from gemm_costmodel.kernels.gemm_configs import Problem
+
+    try:
+        shard = harness.parse_shard(args.shard)
+        shapes = _shapes_from_args(args)
+    except (OSError, ValueError) as exc:
+        return _fail(str(exc))
+    if args.devices and args.devices > 1:
+        return _spawn_per_device(args)
+    if not torch.cuda.is_available():
+        return _fail("no CUDA device: `costmodel bench` measures on a GPU")
+    mine = harness.shard_shapes(shapes, shard)
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"{args.name}-shard{shard[0]:02d}of{shard[1]:02d}.jsonl")
+    prov = provenance.collect(torch.cuda.current_device())
+    timer = timing.GraphTimer() if args.timer == "graph" else timing.DoBenchTimer()
+    with ResultStore(path) as store:
+        if args.precompile:
+            todo = []
+            for s in mine:
+                p = Problem(s.m, s.n, s.k, s.dtype)
+                todo.append((p, harness.select_candidates(p, args.mode, args.seed, args.arch)))
+            precompile.precompile(todo, workers=args.workers, log=lambda m: print(m, file=sys.stderr))
+        stats = harness.run_sweep(mine, store, timer, mode=args.mode, seed=args.seed, arch=args.arch,
+                                  provenance=prov, suite=args.name, progress=not args.quiet)
+    print(json.dumps({"file": path, "shapes": stats.shapes, "measured": stats.measured,
+                      "skipped": stats.skipped, "failed": stats.failed,
+                      "seconds": round(stats.seconds, 1), "measurements_per_s": round(stats.rate, 1)}))
+    return 0
+
+
+def _spawn_per_device(args) -> int:
+    """One process per GPU, each taking one shard of args.shard's range."""
+    i0, n0 = (int(v) for v in args.shard.split("/"))
+    if n0 != 1:
+        return _fail("--devices splits the work itself; use it with --shard 0/1")
+    procs = []
+    for d in range(args.devices):
+        cmd = [sys.executable, "-m", "gemm_costmodel.cli"] + [a for a in sys.argv[1:]]
+        cmd = _replace_opt(cmd, "--shard", f"{d}/{args.devices}")
+        cmd = _replace_opt(cmd, "--devices", "1")
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(d))
+        procs.append(subprocess.Popen(cmd, env=env))
+    return max(p.wait() for p in procs)
+
+
+def _replace_opt(cmd, opt, value):
+    if opt in cmd:
+        i = cmd.index(opt)
+        return cmd[: i + 1] + [value] + cmd[i + 2:]
+    return cmd + [opt, value]
+
+
+def cmd_summarize(args) -> int:
+    from gemm_costmodel.benchmarks import summary
+
+    paths = []
+    for pat in args.results:
+        hits = sorted(glob.glob(pat)) if any(ch in pat for ch in "*?[") else [pat]
+        paths += hits
+    if not paths:
+        return _fail("no result files match " + " ".join(args.results))
+    for p in paths:
+        if not os.path.isfile(p):
+            return _fail(f"result file not found: {p}")
+    try:
+        df = summary.load_rows(paths)
+        text = summary.summarize(df, copy_gbps=args.copy_gbps)
+    except (ValueError, KeyError) as exc:
+        return _fail(f"cannot summarize {', '.join(paths)}: {exc}")
+    print(text)
+    return 0
+
+
+def cmd_configs(args) -> int:
+    from collections import Counter
+
+    from gemm_costmodel.kernels.gemm_configs import generate_configs
+
+    for dtype in args.dtype:
+        cfgs = generate_configs(args.arch, dtype)
+        by = Counter(c.variant for c in cfgs)
+        print(f"{args.arch} {dtype}: {len(cfgs)} candidates ({', '.join(f'{k} {v}' for k, v in by.items())})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="costmodel", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    b = sub.add_parser("bench", help="measure (shape, candidate) latencies on the GPU")
+    src = b.add_mutually_exclusive_group()
+    src.add_argument("--suite", default="foundation", choices=["foundation", "train"])
+    src.add_argument("--shapes", help="CSV with columns M,N,K[,dtype]")
+    b.add_argument("--dtype", nargs="+", default=["bf16"], choices=["bf16", "fp16", "fp8"])
+    b.add_argument("--mode", default="all", help="'all' (evaluation shapes) or 'sample:K'")
+    b.add_argument("--shard", default="0/1", help="i/n: take shapes with hash %% n == i")
+    b.add_argument("--devices", type=int, default=0, help="spawn one process per GPU")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--arch", default="sm90")
+    b.add_argument("--out", default="benchmarks/results/runs")
+    b.add_argument("--name", default="sweep", help="file name prefix of the shard files")
+    b.add_argument("--timer", default="graph", choices=["graph", "do_bench"])
+    b.add_argument("--limit", type=int, default=0, help="first N shapes only")
+    b.add_argument("--workers", type=int, default=0, help="precompile worker processes")
+    b.add_argument("--no-precompile", dest="precompile", action="store_false")
+    b.add_argument("--quiet", action="store_true")
+    b.set_defaults(func=cmd_bench)
+
+    s = sub.add_parser("summarize", help="summarize result files (oracle vs cuBLAS, HBM floor)")
+    s.add_argument("results", nargs="+", help="JSONL result files or globs")
+    s.add_argument("--copy-gbps", type=float, default=None, help="measured copy bandwidth for the HBM floor")
+    s.set_defaults(func=cmd_summarize)
+
+    c = sub.add_parser("configs", help="count the candidate space")
+    c.add_argument("--dtype", nargs="+", default=["bf16", "fp16", "fp8"])
+    c.add_argument("--arch", default="sm90")
+    c.set_defaults(func=cmd_configs)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

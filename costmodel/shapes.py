@@ -1,0 +1,214 @@
+"""GEMM shape suites from the linear layers of LLM families.
+
+Dims are written from each model's published config.json (hidden_size,
+num_attention_heads, num_key_value_heads, head_dim, intermediate_size; MLA
+ranks for DeepSeek-V3). Tensor parallelism follows vLLM's rules:
+column-parallel layers (fused qkv, fused gate_up, DeepSeek q_b/kv_b) split N,
+row-parallel layers (o_proj, down_proj) split K; KV heads are replicated when
+there are fewer of them than TP ranks; a TP degree that does not divide the
+heads (or the intermediate size) is skipped, as vLLM refuses it.
+
+Only the TRAINING_FAMILIES below may be used to collect training data; every
+other family is reserved for held-out evaluation.
+"""
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, field
+from typing import Iterable
+
+TP_DEGREES = (1, 2, 4, 8)
+
+# M grid: dense in decode (1-256, including non-powers of two), then prefill up to 16384.
+M_DECODE = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 13, 16, 20, 24, 28, 32, 33, 40, 48, 56, 64,
+            72, 80, 96, 100, 112, 128, 144, 160, 192, 200, 224, 256)
+M_PREFILL = (320, 384, 512, 640, 768, 1000, 1024, 1536, 2048, 3072, 4096, 4097, 6144, 8192, 12288, 16384)
+M_GRID = M_DECODE + M_PREFILL
+
+
+@dataclass(frozen=True)
+class DenseModel:
+    """Attention + MLP dims of a decoder with GQA."""
+
+    name: str
+    family: str
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+
+
+@dataclass(frozen=True)
+class MLAModel:
+    """DeepSeek-V3 style multi-head latent attention plus dense MLPs."""
+
+    name: str
+    family: str
+    hidden: int
+    heads: int
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    intermediate: int  # dense layers
+    shared_expert_intermediate: int
+
+
+TRAINING_MODELS = (
+    DenseModel("Llama-3.1-8B", "llama-3.1", 4096, 32, 8, 128, 14336),
+    DenseModel("Llama-3.1-70B", "llama-3.1", 8192, 64, 8, 128, 28672),
+    DenseModel("Llama-3.1-405B", "llama-3.1", 16384, 128, 8, 128, 53248),
+    DenseModel("Llama-3.2-1B", "llama-3.2", 2048, 32, 8, 64, 8192),
+    DenseModel("Llama-3.2-3B", "llama-3.2", 3072, 24, 8, 128, 8192),
+    DenseModel("Qwen2.5-0.5B", "qwen2.5", 896, 14, 2, 64, 4864),
+    DenseModel("Qwen2.5-1.5B", "qwen2.5", 1536, 12, 2, 128, 8960),
+    DenseModel("Qwen2.5-3B", "qwen2.5", 2048, 16, 2, 128, 11008),
+    DenseModel("Qwen2.5-7B", "qwen2.5", 3584, 28, 4, 128, 18944),
+    DenseModel("Qwen2.5-14B", "qwen2.5", 5120, 40, 8, 128, 13824),
+    DenseModel("Qwen2.5-32B", "qwen2.5", 5120, 40, 8, 128, 27648),
+    DenseModel("Qwen2.5-72B", "qwen2.5", 8192, 64, 8, 128, 29568),
+    DenseModel("Mistral-7B-v0.3", "mistral", 4096, 32, 8, 128, 14336),
+    DenseModel("Mistral-Nemo-12B", "mistral", 5120, 32, 8, 128, 14336),
+    DenseModel("Mistral-Small-24B", "mistral", 5120, 32, 8, 128, 32768),
+    DenseModel("Gemma-2-2B", "gemma-2", 2304, 8, 4, 256, 9216),
+    DenseModel("Gemma-2-9B", "gemma-2", 3584, 16, 8, 256, 14336),
+    DenseModel("Phi-3-mini", "phi", 3072, 32, 32, 96, 8192),
+    DenseModel("Phi-4", "phi", 5120, 40, 10, 128, 17920),
+    DenseModel("Yi-1.5-34B", "yi-1.5", 7168, 56, 8, 128, 20480),
+    MLAModel("DeepSeek-V3", "deepseek-v3", 7168, 128, 1536, 512, 128, 64, 128, 18432, 2048),
+)
+TRAINING_FAMILIES = tuple(sorted({m.family for m in TRAINING_MODELS}))
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One GEMM of a model at one TP degree: y (M, n) = x (M, k) @ w (n, k).T."""
+
+    model: str
+    family: str
+    layer: str
+    tp: int
+    n: int
+    k: int
+
+
+def _tp_ok(heads: int, kv_heads: int, inter: int, tp: int) -> bool:
+    if heads % tp or inter % tp:
+        return False
+    return kv_heads % tp == 0 if kv_heads >= tp else tp % kv_heads == 0
+
+
+def model_layers(model, tp: int) -> list[Layer]:
+    """The distinct GEMMs of one model at TP degree tp (empty if tp is invalid for it)."""
+    L = lambda name, n, k: Layer(model.name, model.family, name, tp, n, k)  # noqa: E731
+    if isinstance(model, DenseModel):
+        if not _tp_ok(model.heads, model.kv_heads, model.intermediate, tp):
+            return []
+        q = model.heads // tp * model.head_dim
+        kv = max(1, model.kv_heads // tp) * model.head_dim
+        return [
+            L("qkv_proj", q + 2 * kv, model.hidden),
+            L("o_proj", model.hidden, model.heads // tp * model.head_dim),
+            L("gate_up_proj", 2 * model.intermediate // tp, model.hidden),
+            L("down_proj", model.hidden, model.intermediate // tp),
+        ]
+    m = model
+    if m.heads % tp or m.intermediate % tp or m.shared_expert_intermediate % tp:
+        return []
+    h = m.heads // tp
+    return [
+        # q_a and kv_a are replicated (not sharded) and fused into one GEMM.
+        L("fused_qkv_a_proj", m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim, m.hidden),
+        L("q_b_proj", h * (m.qk_nope_head_dim + m.qk_rope_head_dim), m.q_lora_rank),
+        L("kv_b_proj", h * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank),
+        L("o_proj", m.hidden, h * m.v_head_dim),
+        L("gate_up_proj", 2 * m.intermediate // tp, m.hidden),
+        L("down_proj", m.hidden, m.intermediate // tp),
+        L("shared_expert_gate_up_proj", 2 * m.shared_expert_intermediate // tp, m.hidden),
+        L("shared_expert_down_proj", m.hidden, m.shared_expert_intermediate // tp),
+    ]
+
+
+def training_layers(tps: Iterable[int] = TP_DEGREES) -> list[Layer]:
+    """Every (model, layer, TP) GEMM of the training families."""
+    return [layer for model in TRAINING_MODELS for tp in tps for layer in model_layers(model, tp)]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A shape to benchmark, with where it comes from."""
+
+    m: int
+    n: int
+    k: int
+    dtype: str
+    origins: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def key(self) -> str:
+        return f"{self.dtype}:{self.m}x{self.n}x{self.k}"
+
+    @property
+    def family(self) -> str:
+        return self.origins[0].split("/")[0] if self.origins else "user"
+
+
+def nk_pairs(tps: Iterable[int] = TP_DEGREES) -> dict[tuple[int, int], list[str]]:
+    """Distinct (N, K) of the training layers, each with its origins 'family/model/layer/tpX'."""
+    out: dict[tuple[int, int], list[str]] = {}
+    for ly in training_layers(tps):
+        out.setdefault((ly.n, ly.k), []).append(f"{ly.family}/{ly.model}/{ly.layer}/tp{ly.tp}")
+    return out
+
+
+def training_suite(dtype: str = "bf16", ms: Iterable[int] = M_GRID, tps: Iterable[int] = TP_DEGREES) -> list[Shape]:
+    """All (M, N, K) of the training families over the M grid."""
+    pairs = nk_pairs(tps)
+    return [Shape(m, n, k, dtype, tuple(orig)) for (n, k), orig in sorted(pairs.items()) for m in ms]
+
+
+def foundation_suite(dtype: str = "bf16") -> list[Shape]:
+    """The foundation benchmark's shapes: decode (M <= 64) and prefill (M >= 1024).
+
+    12 (N, K) pairs by a fixed stride through the pairs sorted by weight size
+    (spread over families and TP), with two decode and two prefill M each,
+    plus the 4 pairs whose bf16 weight is >= 256 MB (spread by size) at
+    M in {1, 16, 32, 64} for the HBM-floor check, and M=1024 for two of them.
+    """
+    pairs = sorted(nk_pairs().items(), key=lambda kv: kv[0][0] * kv[0][1])
+    step = max(1, len(pairs) // 12)
+    shapes = []
+    for i, ((n, k), orig) in enumerate(pairs[::step][:12]):
+        ms = (1, 16, 1024, 4096) if i % 2 == 0 else (7, 64, 2048, 8192)
+        shapes += [Shape(m, n, k, dtype, tuple(orig)) for m in ms]
+    big = [kv for kv in pairs if kv[0][0] * kv[0][1] * 2 >= 256 * 2**20]
+    for i, ((n, k), orig) in enumerate(big[:: max(1, len(big) // 4)][:4]):
+        ms = (1, 16, 32, 64) + ((1024,) if i % 2 == 0 else ())
+        shapes += [Shape(m, n, k, dtype, tuple(orig)) for m in ms]
+    return list(dict.fromkeys(shapes))
+
+
+def read_shape_csv(path: str, default_dtype: str = "bf16") -> list[Shape]:
+    """User shape list: a CSV with columns M, N, K and optionally dtype (any case)."""
+    from gemm_costmodel.kernels.gemm_configs import Problem
+
+    shapes = []
+    with open(path, newline="") as fh:
+        reader = csv.DictReader(fh)
+        if reader.fieldnames is None:
+            raise ValueError(f"{path}: empty shape file")
+        cols = {c.strip().lower(): c for c in reader.fieldnames}
+        for need in ("m", "n", "k"):
+            if need not in cols:
+                raise ValueError(f"{path}: missing column {need.upper()} (have {reader.fieldnames})")
+        for lineno, rec in enumerate(reader, start=2):
+            try:
+                m, n, k = (int(rec[cols[c]]) for c in ("m", "n", "k"))
+                dtype = (rec.get(cols["dtype"]) if "dtype" in cols else None) or default_dtype
+                Problem(m, n, k, dtype.strip())
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{path}:{lineno}: {exc}") from None
+            shapes.append(Shape(m, n, k, dtype.strip(), (f"user/{path}",)))
+    return shapes
