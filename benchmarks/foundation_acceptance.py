@@ -28,7 +28,7 @@ from gemm_costmodel.benchmarks.store import ResultStore
 from gemm_costmodel.kernels.gemm_configs import Problem, config_params, feasible_configs
 
 WEIRD_M = (1, 7, 33, 4097)
-WEIRD_NK = ((1000, 1048), (333, 517))  # 1048 keeps TMA alignment; 517 and 333 break it
+WEIRD_NK = ((1000, 1048), (333, 517), (1040, 1104))  # 333/517 break TMA alignment; 1040/1104 allow fp8 TMA and cuBLAS
 DTYPES = ("bf16", "fp16", "fp8")
 
 
