@@ -130,9 +130,48 @@ def splitk_reduce_kernel(ws_ptr, y_ptr, sa_ptr, sb_ptr, MN, SPLIT_K: tl.constexp
 
 
 @triton.jit(do_not_specialize=["M"])
+def gemm_splitk_serial_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, sa_ptr, sb_ptr, M, N, K,
+                              stride_xm, stride_wn, stride_ym, HAS_SCALE: tl.constexpr,
+                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                              SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """Split-K in one launch: each slice writes fp32 partials, the last slice of a tile to
+    arrive (per-tile arrival counter) sums them, applies the scales, stores y and resets
+    the counter to zero for the next launch."""
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    tile = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    pid_m = tile // num_pid_n
+    pid_n = tile % num_pid_n
+    total = tl.cdiv(K, BLOCK_K)
+    t0 = pid_s * total // SPLIT_K
+    t1 = (pid_s + 1) * total // SPLIT_K
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = _mainloop(x_ptr, w_ptr, offs_m, offs_n, M, N, K, t0, t1 - t0, stride_xm,
+                    stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    ws_tile = ws_ptr + offs_m[:, None] * N + offs_n[None, :]
+    tl.store(ws_tile + pid_s * M * N, acc, mask=mask)
+    # Every thread's partial store precedes the release of the arrival count.
+    tl.debug_barrier()
+    arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    if arrived == SPLIT_K - 1:
+        tl.debug_barrier()
+        out = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for s in tl.static_range(SPLIT_K):
+            out += tl.load(ws_tile + s * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+        if HAS_SCALE:
+            out = out * (tl.load(sa_ptr) * tl.load(sb_ptr))
+        y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+        tl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit(do_not_specialize=["M"])
 def gemm_persistent_kernel(x_desc, w_desc, y_desc, sa_ptr, sb_ptr, M, N, K,
                            HAS_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                           BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr):
+                           BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
+                           FLATTEN: tl.constexpr):
     """A fixed grid of programs strides over all output tiles; TMA loads/stores."""
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -140,7 +179,8 @@ def gemm_persistent_kernel(x_desc, w_desc, y_desc, sa_ptr, sb_ptr, M, N, K,
     scale = 1.0
     if HAS_SCALE:
         scale = tl.load(sa_ptr) * tl.load(sb_ptr)
-    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, NUM_PROGRAMS):
+    # flatten lets the software pipeline prefetch the next tile's K-loop during the epilogue.
+    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, NUM_PROGRAMS, flatten=FLATTEN):
         pid_m, pid_n = _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
@@ -165,6 +205,25 @@ def num_sms(device_index: int) -> int:
     if device_index < 0:
         return 4
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+PERSISTENT_FLATTEN = True
+SPLITK_SERIAL = True  # one-launch split-K (arrival counters) instead of partials + reduce kernel
+_COUNTERS: dict = {}
+
+
+def _arrival_counters(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed int32 per-tile counters, kept per device; kernels leave them zero again.
+
+    Allocated on first use (the warm-up call, outside any CUDA graph capture);
+    one stream at a time may use them, as is the case in a serving engine.
+    """
+    key = str(device)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf
 
 
 def _device_index(t: torch.Tensor) -> int:
@@ -235,7 +294,15 @@ def launch(cfg: GemmConfig, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor 
         return out
     if isinstance(cfg, SplitKConfig):
         ws = torch.empty((cfg.split_k, M, N), dtype=torch.float32, device=x.device)
-        grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n), cfg.split_k)
+        tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+        grid = (tiles, cfg.split_k)
+        if SPLITK_SERIAL:
+            gemm_splitk_serial_kernel[grid](
+                x, w, out, ws, _arrival_counters(x.device, tiles), sa, sb, M, N, K, x.stride(0),
+                w.stride(0), out.stride(0), HAS_SCALE=has_scale, BLOCK_M=cfg.block_m,
+                BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
+                EVEN_K=K % cfg.block_k == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            return out
         gemm_splitk_kernel[grid](
             x, w, ws, M, N, K, x.stride(0), w.stride(0),
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
@@ -255,7 +322,8 @@ def launch(cfg: GemmConfig, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor 
         gemm_persistent_kernel[(programs,)](
             x_desc, w_desc, y_desc, sa, sb, M, N, K, HAS_SCALE=has_scale,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-            NUM_PROGRAMS=programs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            NUM_PROGRAMS=programs, FLATTEN=PERSISTENT_FLATTEN, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages)
         return out
     if isinstance(cfg, VendorConfig):
         if has_scale:
