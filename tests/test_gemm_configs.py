@@ -1,0 +1,290 @@
+"""Config ids, the committed candidate space and the feasibility rules."""
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gemm_costmodel.kernels import gemm_configs as G
+from gemm_costmodel.kernels.gemm_configs import (ARCHS, DTYPES, PersistentConfig, Problem,
+                                                 SplitKConfig, TiledConfig, VendorConfig,
+                                                 check_feasible, config_from_id, config_params,
+                                                 feasible_configs, generate_configs, smem_bytes,
+                                                 space_hash, static_feasible)
+
+SM90 = ARCHS["sm90"]
+
+# ----------------------------------------------------------------------------
+# Stable ids
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cfg,cid", [
+    (TiledConfig(64, 128, 64, 8, 4, 3), "tiled_m64n128k64_g8_w4s3"),
+    (SplitKConfig(16, 64, 128, 4, 4, 3), "splitk_m16n64k128_s4_w4s3"),
+    (PersistentConfig(128, 256, 64, 8, 8, 3), "persistent_m128n256k64_g8_w8s3"),
+    (VendorConfig(), "cublas"),
+])
+def test_exact_ids(cfg, cid):
+    assert cfg.id == cid
+    assert config_from_id(cid) == cfg
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_config_from_id_round_trips_every_generated_config(arch, dtype):
+    cfgs = generate_configs(arch, dtype)
+    assert cfgs
+    for c in cfgs:
+        back = config_from_id(c.id)
+        assert back == c and type(back) is type(c) and back.id == c.id
+
+
+@pytest.mark.parametrize("bad", ["", "cuBLAS", "tiled", "tiled_m64n128k64_g8_w4", "tiled_m64n128k64_g8_w4s3x",
+                                 "splitk_m16n64k128_g4_w4s3", "persistent_m128n256k64_s8_w8s3",
+                                 "foo_m1n1k1_g1_w1s1", " tiled_m64n128k64_g8_w4s3", "triton"])
+def test_unknown_id_raises(bad):
+    with pytest.raises(ValueError, match="unknown config id"):
+        config_from_id(bad)
+
+
+def test_config_params_uniform_view():
+    assert config_params(TiledConfig(64, 128, 64, 8, 4, 3)) == dict(
+        block_m=64, block_n=128, block_k=64, group_m=8, split_k=1, num_warps=4, num_stages=3)
+    assert config_params(SplitKConfig(16, 64, 128, 4, 4, 3)) == dict(
+        block_m=16, block_n=64, block_k=128, group_m=1, split_k=4, num_warps=4, num_stages=3)
+    assert config_params(PersistentConfig(128, 256, 64, 8, 8, 3)) == dict(
+        block_m=128, block_n=256, block_k=64, group_m=8, split_k=1, num_warps=8, num_stages=3)
+    assert config_params(VendorConfig()) == dict.fromkeys(G.PARAM_NAMES, 0)
+
+
+# ----------------------------------------------------------------------------
+# The committed space
+# ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype,count", [("bf16", 316), ("fp16", 316), ("fp8", 360)])
+def test_generate_configs_counts_sm90(dtype, count):
+    cfgs = generate_configs("sm90", dtype)
+    assert len(cfgs) == count
+    ids = [c.id for c in cfgs]
+    assert len(set(ids)) == len(ids)
+    assert ids == [c.id for c in generate_configs("sm90", dtype)]  # deterministic order
+    assert cfgs[-1] == VendorConfig() and sum(isinstance(c, VendorConfig) for c in cfgs) == 1
+    # Variants come in blocks: tiled, then split-K, then persistent, then the vendor.
+    order = [c.variant for c in cfgs]
+    assert order == sorted(order, key=["tiled", "splitk", "persistent", "vendor"].index)
+    assert len(generate_configs("sm90", dtype, include_vendor=False)) == count - 1
+
+
+def test_space_hash_bf16_pinned():
+    # Changing the bf16 sm90 space must be a deliberate edit of this literal.
+    assert space_hash(generate_configs("sm90", "bf16")) == "b8bbc0624235a226"
+    # fp16 has the same element size, so the same space.
+    assert space_hash(generate_configs("sm90", "fp16")) == "b8bbc0624235a226"
+    assert space_hash(generate_configs("sm90", "fp8")) != "b8bbc0624235a226"
+
+
+def test_space_hash_is_sha256_prefix_of_ids():
+    import hashlib
+
+    cfgs = [TiledConfig(64, 128, 64, 8, 4, 3), VendorConfig()]
+    want = hashlib.sha256(b"tiled_m64n128k64_g8_w4s3\ncublas").hexdigest()[:16]
+    assert space_hash(cfgs) == want
+    assert space_hash(cfgs[::-1]) != want  # order matters
+
+
+def test_fp32_and_sm80_spaces():
+    assert not any(isinstance(c, VendorConfig) for c in generate_configs("sm90", "fp32"))
+    sm80 = generate_configs("sm80", "bf16")
+    assert not any(isinstance(c, PersistentConfig) for c in sm80)  # no TMA before Hopper
+    assert all(smem_bytes(c, "bf16") <= ARCHS["sm80"].smem_per_block for c in sm80)
+
+
+def test_generate_configs_rejects_unknown_arch_and_dtype():
+    with pytest.raises(ValueError, match="unknown arch 'sm70'"):
+        generate_configs("sm70", "bf16")
+    with pytest.raises(ValueError, match="unknown dtype 'int8'"):
+        generate_configs("sm90", "int8")
+
+
+# ----------------------------------------------------------------------------
+# Static feasibility
+# ----------------------------------------------------------------------------
+
+def test_smem_bytes_hand_computed():
+    # 4 stages * (128 + 256) rows * 64 k * 2 B
+    assert smem_bytes(TiledConfig(128, 256, 64, 8, 8, 4), "bf16") == 196608
+    assert smem_bytes(SplitKConfig(128, 256, 64, 2, 8, 4), "bf16") == 196608
+    # Persistent adds the BM x BN TMA store tile in the output dtype.
+    assert smem_bytes(PersistentConfig(128, 256, 64, 8, 8, 3), "bf16") == 3 * 384 * 64 * 2 + 128 * 256 * 2
+    # fp8 inputs are 1 B, but the store tile is bf16 (2 B).
+    assert smem_bytes(PersistentConfig(128, 256, 64, 8, 8, 4), "fp8") == 4 * 384 * 64 + 128 * 256 * 2
+    assert smem_bytes(TiledConfig(64, 64, 64, 8, 4, 3), "fp32") == 3 * 128 * 64 * 4
+    assert smem_bytes(VendorConfig(), "bf16") == 0
+
+
+def test_smem_limit_excludes_config():
+    big = TiledConfig(128, 256, 128, 8, 8, 3)  # 3 * 384 * 128 * 2 = 294912 B
+    assert smem_bytes(big, "bf16") == 294912 > 232448
+    ok, why = static_feasible(big, SM90, "bf16")
+    assert not ok and why == "shared memory 294912 B > 232448 B"
+    assert big not in generate_configs("sm90", "bf16")
+    # Persistent 128x256x64 at 4 stages: 196608 + 65536 = 262144 B > limit; 3 stages fit.
+    assert PersistentConfig(128, 256, 64, 8, 8, 4) not in generate_configs("sm90", "bf16")
+    assert PersistentConfig(128, 256, 64, 8, 8, 3) in generate_configs("sm90", "bf16")
+    # Same tile fits in fp8 (1 B inputs).
+    assert TiledConfig(128, 256, 128, 8, 8, 3) in generate_configs("sm90", "fp8")
+
+
+def test_every_generated_config_within_limits():
+    for dtype in ("bf16", "fp16", "fp8"):
+        for c in generate_configs("sm90", dtype, include_vendor=False):
+            assert smem_bytes(c, dtype) <= 232448
+            assert c.block_m * c.block_n // (c.num_warps * 32) <= 128
+
+
+def test_register_rule():
+    # 128 * 256 / (4 warps * 32) = 256 accumulators per thread > 128: excluded.
+    ok, why = static_feasible(TiledConfig(128, 256, 64, 8, 4, 3), SM90, "bf16")
+    assert not ok and why == "256 accumulator registers per thread would spill"
+    assert TiledConfig(128, 256, 64, 8, 4, 3) not in generate_configs("sm90", "bf16")
+    # Exactly 128 per thread is allowed (the rule is strictly greater).
+    assert static_feasible(TiledConfig(128, 256, 64, 8, 8, 3), SM90, "bf16") == (True, "")
+    assert static_feasible(TiledConfig(128, 128, 64, 8, 4, 3), SM90, "bf16") == (True, "")
+    assert TiledConfig(128, 256, 64, 8, 8, 3) in generate_configs("sm90", "bf16")
+
+
+def test_fp8_block_k_and_small_tile_warp_rules():
+    assert static_feasible(TiledConfig(16, 32, 16, 8, 4, 3), SM90, "fp8") == (False, "fp8 dot needs block_k >= 32")
+    assert static_feasible(TiledConfig(16, 32, 16, 8, 4, 3), SM90, "bf16") == (True, "")
+    ok, why = static_feasible(TiledConfig(32, 64, 64, 8, 8, 3), SM90, "bf16")
+    assert not ok and why == "8 warps on a tile smaller than 64x64"
+    assert static_feasible(TiledConfig(64, 64, 64, 8, 8, 3), SM90, "bf16") == (True, "")
+
+
+def test_persistent_needs_tma_arch():
+    ok, why = static_feasible(PersistentConfig(64, 64, 64, 8, 4, 3), ARCHS["sm80"], "bf16")
+    assert not ok and "TMA" in why
+    assert not check_feasible(PersistentConfig(64, 64, 64, 8, 4, 3), Problem(64, 64, 64, "bf16"), "sm80")[0]
+
+
+# ----------------------------------------------------------------------------
+# Per-problem feasibility
+# ----------------------------------------------------------------------------
+
+def test_splitk_needs_enough_k_tiles():
+    cfg = SplitKConfig(16, 32, 64, 4, 4, 3)
+    ok, why = check_feasible(cfg, Problem(8, 64, 192, "bf16"))  # cdiv(192, 64) = 3 < 4
+    assert not ok and why == "K=192 has 3 k-tiles < split_k=4"
+    assert check_feasible(cfg, Problem(8, 64, 193, "bf16")) == (True, "")  # cdiv = 4
+    assert check_feasible(cfg, Problem(8, 64, 256, "bf16")) == (True, "")
+
+
+def test_splitk_workspace_limit():
+    assert G.SPLITK_WORKSPACE_LIMIT == 256 * 2**20
+    cfg = SplitKConfig(16, 32, 64, 2, 4, 3)
+    # 2 * 4096 * 8192 * 4 B = 256 MiB exactly: allowed.
+    assert check_feasible(cfg, Problem(4096, 8192, 128, "bf16")) == (True, "")
+    # One more column is over the limit.
+    assert check_feasible(cfg, Problem(4096, 8193, 128, "bf16")) == (False, "split-K workspace above limit")
+    # split_k=16 hits the limit 8x earlier.
+    cfg16 = SplitKConfig(16, 32, 64, 16, 4, 3)
+    assert check_feasible(cfg16, Problem(1024, 4096, 1024, "bf16"))[0]  # 16*1024*4096*4 = 256 MiB
+    assert not check_feasible(cfg16, Problem(1025, 4096, 1024, "bf16"))[0]
+
+
+def test_fp8_vendor_needs_k_and_n_divisible_by_16():
+    v = VendorConfig()
+    assert check_feasible(v, Problem(1, 48, 64, "fp8")) == (True, "")
+    assert check_feasible(v, Problem(1, 40, 64, "fp8")) == (False, "torch._scaled_mm needs K and N divisible by 16")
+    assert check_feasible(v, Problem(1, 48, 72, "fp8"))[0] is False
+    # bf16 vendor has no such rule.
+    assert check_feasible(v, Problem(1, 40, 72, "bf16")) == (True, "")
+
+
+@pytest.mark.parametrize("dtype,k,ok", [
+    ("bf16", 8, True), ("bf16", 12, False), ("bf16", 4104, True), ("bf16", 4100, False),
+    ("fp8", 16, True), ("fp8", 24, False), ("fp8", 4104, False), ("fp8", 4112, True),
+    ("fp32", 4, True), ("fp32", 6, False),
+])
+def test_tma_k_alignment(dtype, k, ok):
+    res, why = check_feasible(PersistentConfig(64, 64, 64, 8, 4, 3), Problem(64, 64, k, dtype))
+    assert res is ok
+    if not ok:
+        assert why == "TMA needs K * element size divisible by 16"
+
+
+@pytest.mark.parametrize("dtype,n,ok", [
+    ("bf16", 8, True), ("bf16", 12, False),
+    ("fp8", 8, True), ("fp8", 4, False),    # the output is bf16, so N=8 is enough for fp8 too
+    ("fp32", 4, True), ("fp32", 2, False),
+])
+def test_tma_n_alignment(dtype, n, ok):
+    res, why = check_feasible(PersistentConfig(64, 64, 64, 8, 4, 3), Problem(64, n, 64, dtype))
+    assert res is ok
+    if not ok:
+        assert why == "TMA needs N * output element size divisible by 16"
+
+
+def test_tiled_has_no_alignment_rule():
+    assert check_feasible(TiledConfig(64, 64, 64, 8, 4, 3), Problem(1, 1, 1, "bf16")) == (True, "")
+
+
+def test_feasible_configs_filters_per_problem():
+    prob = Problem(1, 40, 72, "fp8")  # K * 1 B = 72: no TMA; N=40, K=72 not multiples of 16: no _scaled_mm
+    feas = feasible_configs(prob)
+    assert VendorConfig() not in feas
+    assert not any(isinstance(c, PersistentConfig) for c in feas)
+    assert all(check_feasible(c, prob)[0] for c in feas)
+    full = generate_configs("sm90", "fp8")
+    assert feas == [c for c in full if check_feasible(c, prob)[0]]  # order preserved
+    assert feasible_configs(Problem(64, 64, 4096, "bf16"), include_vendor=False)[-1] != VendorConfig()
+
+
+# ----------------------------------------------------------------------------
+# Problem validation
+# ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(m=0, n=1, k=1, dtype="bf16"), "m must be >= 1, got 0"),
+    (dict(m=-3, n=1, k=1, dtype="bf16"), "m must be >= 1, got -3"),
+    (dict(m=1.0, n=1, k=1, dtype="bf16"), "m must be an int, got float"),
+    (dict(m=True, n=1, k=1, dtype="bf16"), "m must be an int, got bool"),
+    (dict(m=1, n="8", k=1, dtype="bf16"), "n must be an int, got str"),
+    (dict(m=1, n=1, k=0, dtype="bf16"), "k must be >= 1, got 0"),
+    (dict(m=1, n=1, k=1, dtype="int8"), "dtype must be one of"),
+    (dict(m=1, n=1, k=1, dtype="BF16"), "dtype must be one of"),
+])
+def test_problem_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Problem(**kwargs)
+
+
+def test_problem_key():
+    assert Problem(7, 40, 72, "fp16").key == "fp16:7x40x72"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["tiled", "splitk", "persistent"]),
+       st.lists(st.integers(1, 4096), min_size=6, max_size=6))
+def test_id_round_trip_property(variant, params):
+    cfg = G.VARIANTS[variant](*params)
+    assert config_from_id(cfg.id) == cfg
+
+
+def test_gemm_configs_does_not_import_torch():
+    code = "import gemm_costmodel.kernels.gemm_configs, sys; assert 'torch' not in sys.modules, 'torch imported'"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "library bug: kernels/gemm_configs.py _ID_RE patterns end in '$' and config_from_id uses re.match, "
+    "so non-canonical ids are accepted instead of raising ValueError: a trailing newline "
+    "('tiled_m64n128k64_g8_w4s3\\n', '$' matches before a final newline) and zero-padded numbers "
+    "('tiled_m064n128k64_g8_w4s3'); config_from_id(cid).id != cid for both"))
+@pytest.mark.parametrize("cid", ["tiled_m64n128k64_g8_w4s3\n", "tiled_m064n128k64_g8_w4s3"])
+def test_non_canonical_id_raises(cid):
+    with pytest.raises(ValueError, match="unknown config id"):
+        config_from_id(cid)
