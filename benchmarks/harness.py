@@ -70,6 +70,7 @@ class SweepStats:
     skipped: int = 0
     failed: int = 0
     seconds: float = 0.0
+    stopped_early: bool = False
 
     @property
     def rate(self) -> float:
@@ -87,9 +88,13 @@ def _progress(total: int, desc: str, enabled: bool):
 
 def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all", seed: int = 0,
               device: str = "cuda", arch: str = "sm90", provenance: dict | None = None,
-              suite: str = "user", progress: bool = True,
+              suite: str = "user", progress: bool = True, time_budget_s: float | None = None,
               on_shape: Callable[[object, dict], None] | None = None) -> SweepStats:
-    """Measure every selected candidate of every shape not yet in ``store``."""
+    """Measure every selected candidate of every shape not yet in ``store``.
+
+    With ``time_budget_s``, stops cleanly between shapes once the budget is
+    spent (a later run resumes), instead of being killed mid-candidate.
+    """
     import torch
 
     prov = dict(provenance or {})
@@ -110,6 +115,9 @@ def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all",
     try:
         for sh, prob, todo, n_cands in plan:
             t_shape = time.perf_counter()
+            if time_budget_s is not None and t_shape - t_start > time_budget_s:
+                stats.stopped_early = True
+                break
             gen = torch.Generator(device=device)
             gen.manual_seed(C.seed_for(prob, seed))
             first = C.make_operands(prob, device, gen)
@@ -162,6 +170,10 @@ def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all",
             if on_shape is not None:
                 on_shape(sh, {"measured": measured_here, "seconds": time.perf_counter() - t_shape})
             del ops, first, ref
+    except KeyboardInterrupt:
+        # A user interrupt is not a crash of the candidate: let the resume re-measure it.
+        store.end()
+        raise
     finally:
         stats.seconds = time.perf_counter() - t_start
         bar and bar.close()

@@ -45,7 +45,7 @@ class ResultStore:
             try:
                 row = json.loads(line)
                 self._done.add(row_key(row))
-            except (ValueError, KeyError):
+            except (ValueError, KeyError, TypeError, IndexError):
                 break  # corrupt line: keep everything before it
             good_end = nl + 1
             pos = nl + 1

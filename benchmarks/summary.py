@@ -34,8 +34,9 @@ def per_shape(df: pd.DataFrame) -> pd.DataFrame:
         columns={"candidate": "oracle_id", "p50_us": "oracle_us", "variant": "oracle_variant"})
     vend = ok[ok["variant"] == "vendor"][SHAPE_COLS + ["p50_us"]].rename(columns={"p50_us": "cublas_us"})
     counts = df.groupby(SHAPE_COLS).agg(n_rows=("candidate", "size"),
-                                        n_ok=("status", lambda s: int((s == "ok").sum())))
-    out = best.merge(vend, on=SHAPE_COLS, how="left").merge(counts.reset_index(), on=SHAPE_COLS, how="left")
+                                        n_ok=("status", lambda s: int((s == "ok").sum()))).reset_index()
+    # Start from every shape, so one where all Triton candidates failed still shows (oracle NaN).
+    out = counts.merge(best, on=SHAPE_COLS, how="left").merge(vend, on=SHAPE_COLS, how="left")
     out["speedup_vs_cublas"] = out["cublas_us"] / out["oracle_us"]
     return out.sort_values(SHAPE_COLS).reset_index(drop=True)
 

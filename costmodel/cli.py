@@ -63,10 +63,12 @@ def cmd_bench(args) -> int:
                 todo.append((p, harness.select_candidates(p, args.mode, args.seed, args.arch)))
             precompile.precompile(todo, workers=args.workers, log=lambda m: print(m, file=sys.stderr))
         stats = harness.run_sweep(mine, store, timer, mode=args.mode, seed=args.seed, arch=args.arch,
-                                  provenance=prov, suite=args.name, progress=not args.quiet)
+                                  provenance=prov, suite=args.name, progress=not args.quiet,
+                                  time_budget_s=args.time_budget or None)
     print(json.dumps({"file": path, "shapes": stats.shapes, "measured": stats.measured,
                       "skipped": stats.skipped, "failed": stats.failed,
-                      "seconds": round(stats.seconds, 1), "measurements_per_s": round(stats.rate, 1)}))
+                      "seconds": round(stats.seconds, 1), "measurements_per_s": round(stats.rate, 1),
+                      "stopped_early": stats.stopped_early}))
     return 0
 
 
@@ -145,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--limit", type=int, default=0, help="first N shapes only")
     b.add_argument("--workers", type=int, default=0, help="precompile worker processes")
     b.add_argument("--no-precompile", dest="precompile", action="store_false")
+    b.add_argument("--time-budget", type=float, default=0,
+                   help="stop cleanly between shapes after this many seconds (resume later)")
     b.add_argument("--quiet", action="store_true")
     b.set_defaults(func=cmd_bench)
 

@@ -195,15 +195,17 @@ def read_shape_csv(path: str, default_dtype: str = "bf16") -> list[Shape]:
     from gemm_costmodel.kernels.gemm_configs import Problem
 
     shapes = []
-    with open(path, newline="") as fh:
+    # utf-8-sig: spreadsheet exports often start with a byte-order mark.
+    with open(path, newline="", encoding="utf-8-sig") as fh:
         reader = csv.DictReader(fh)
         if reader.fieldnames is None:
             raise ValueError(f"{path}: empty shape file")
         cols = {c.strip().lower(): c for c in reader.fieldnames}
         for need in ("m", "n", "k"):
             if need not in cols:
-                raise ValueError(f"{path}: missing column {need.upper()} (have {reader.fieldnames})")
-        for lineno, rec in enumerate(reader, start=2):
+                raise ValueError(f"{path}:1: missing column {need.upper()} (have {reader.fieldnames})")
+        for rec in reader:
+            lineno = reader.line_num
             try:
                 m, n, k = (int(rec[cols[c]]) for c in ("m", "n", "k"))
                 dtype = (rec.get(cols["dtype"]) if "dtype" in cols else None) or default_dtype

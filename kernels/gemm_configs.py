@@ -147,9 +147,11 @@ def config_from_id(cid: str) -> GemmConfig:
     if cid == "cublas":
         return VendorConfig()
     for variant, rx in _ID_RE.items():
-        m = rx.match(cid)
+        m = rx.fullmatch(cid)
         if m:
-            return VARIANTS[variant](*map(int, m.groups()))
+            cfg = VARIANTS[variant](*map(int, m.groups()))
+            if cfg.id == cid:  # rejects non-canonical spellings such as zero padding
+                return cfg
     raise ValueError(f"unknown config id {cid!r}")
 
 

@@ -192,11 +192,6 @@ def test_read_csv_empty_file(tmp_path):
         S.read_shape_csv(p)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "library bug: costmodel/shapes.py read_shape_csv numbers rows with enumerate(reader, start=2), "
-    "but csv.DictReader skips blank lines, so after a blank line the reported line number is too "
-    "small ('M,N,K\\n\\n0,2,3\\n' reports line 2, the bad row is on line 3); reader.line_num is the "
-    "physical line"))
 def test_read_csv_line_number_after_blank_line(tmp_path):
     p = _csv(tmp_path, "M,N,K\n\n0,2,3\n")
     with pytest.raises(ValueError) as ei:

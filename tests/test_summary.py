@@ -96,11 +96,6 @@ def test_markdown_table():
     assert S.markdown_table(df) == "| a | b |\n|---|---|\n| 1 | 0.5 |\n| 2 | 0.3333 |"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "library bug: benchmarks/summary.py per_shape builds its rows from the best *Triton* ok row "
-    "(best.merge(vend, how='left')), so a shape whose Triton candidates all failed disappears, "
-    "cuBLAS time included; summarize() then undercounts shapes ('N shapes') and the geomean/"
-    "'Triton wins' skip exactly the shapes Triton loses. Docstring promises one row per shape."))
 def test_per_shape_keeps_shape_without_ok_triton_row(frame):
     extra = pd.DataFrame([
         row("bf16", 1, 512, 512, "tiled_m16n32k64_g8_w4s3", "tiled", "compile_error", float("nan")),
