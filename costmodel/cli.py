@@ -5,6 +5,7 @@ import argparse
 import glob
 import json
 import os
+import random
 import subprocess
 import sys
 
@@ -51,6 +52,9 @@ def cmd_bench(args) -> int:
     if not torch.cuda.is_available():
         return _fail("no CUDA device: `costmodel bench` measures on a GPU")
     mine = harness.shard_shapes(shapes, shard)
+    # Seeded shuffle: a run cut short by --time-budget covers families and M evenly
+    # rather than the first (N, K) pairs; the resume skips what is stored either way.
+    random.Random(args.seed).shuffle(mine)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"{args.name}-shard{shard[0]:02d}of{shard[1]:02d}.jsonl")
     prov = provenance.collect(torch.cuda.current_device())
