@@ -10,7 +10,8 @@ GraphTimer captures ``n_inner`` launches (cycling through the copies) in one
 CUDA graph, so Python launch overhead and launch gaps are not measured, and
 times each replay with CUDA events. One sample = replay time / n_inner.
 p20/p50/p80 are taken over the replays; a measurement is *stable* when
-(p80 - p20) / p50 <= 5% (the 5% rule of seed 000).
+(p80 - p20) / p50 <= 5% (the 5% rule of seed 000). An unstable set of
+replays is measured once more and the tighter set is kept.
 """
 from __future__ import annotations
 
@@ -60,8 +61,9 @@ class GraphTimer:
     name = "cuda_graph"
 
     def __init__(self, target_replay_us: float = 250.0, max_inner: int = 64, reps: int = 15,
-                 min_reps: int = 3, cap_ms: float = 60.0):
+                 min_reps: int = 3, cap_ms: float = 60.0, attempts: int = 2):
         self.target_replay_us = target_replay_us
+        self.attempts = attempts
         self.max_inner = max_inner
         self.reps = reps
         self.min_reps = min_reps
@@ -93,16 +95,25 @@ class GraphTimer:
             for i in range(n_inner):
                 fn(i % n_copies)
         graph.replay()  # warm-up replay, not timed
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        for s, e in zip(starts, ends):
-            s.record()
-            graph.replay()
-            e.record()
-        ends[-1].synchronize()
-        samples = [s.elapsed_time(e) * 1e3 / n_inner for s, e in zip(starts, ends)]
+        best = None
+        for _ in range(self.attempts):
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+            for s, e in zip(starts, ends):
+                s.record()
+                graph.replay()
+                e.record()
+            ends[-1].synchronize()
+            samples = [s.elapsed_time(e) * 1e3 / n_inner for s, e in zip(starts, ends)]
+            t = Timing(*summarize(samples), n_samples=reps, n_inner=n_inner)
+            # An unstable set is retried once: re-measuring showed unstable rows differ
+            # by up to 60% between runs while stable ones agree to <1% (median).
+            if best is None or t.spread < best.spread:
+                best = t
+            if best.stable:
+                break
         del graph
-        return Timing(*summarize(samples), n_samples=reps, n_inner=n_inner)
+        return best
 
 
 class DoBenchTimer:
