@@ -131,6 +131,59 @@ def cmd_configs(args) -> int:
     return 0
 
 
+def cmd_dataset(args) -> int:
+    from gemm_costmodel import dataset as D
+
+    try:
+        if args.action == "build":
+            raws = sorted(p for pat in args.raw for p in (glob.glob(pat) or [pat]))
+            if not raws:
+                return _fail("no raw shard files given")
+            for path in D.build_parquet(raws, args.root):
+                print(path)
+            return 0
+        paths = args.files or None
+        df = D.load_dataset(paths, root=args.root)
+        if args.action == "validate":
+            print(f"ok: {len(df)} rows, {df.drop_duplicates(['dtype', 'm', 'n', 'k']).shape[0]} shapes, "
+                  f"schema {D.schema_hash()}")
+            return 0
+        from gemm_costmodel import datacard
+
+        rem = None
+        if args.remeasure:
+            import pandas as pd
+
+            rem = pd.read_json(args.remeasure, lines=True)
+        print(datacard.card(df, rem))
+        return 0
+    except (OSError, ValueError) as exc:
+        return _fail(str(exc))
+
+
+def cmd_import(args) -> int:
+    import pandas as pd
+
+    from gemm_costmodel import importers as I
+    from gemm_costmodel.dataset import DataError
+
+    try:
+        if args.format == "csv":
+            frames = [I.import_csv(p) for p in args.files]
+        else:
+            if not args.hidden or args.hidden <= 0:
+                return _fail("vLLM tables do not record the hidden size K: pass --hidden K")
+            frames = [I.import_vllm(p, args.hidden, args.top_k) for p in args.files]
+    except (DataError, OSError) as exc:
+        return _fail(str(exc))
+    df = pd.concat(frames, ignore_index=True)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    df.to_parquet(args.out, index=False, compression="zstd")
+    print(f"imported {len(df)} rows from {len(frames)} file(s) into {args.out} "
+          f"(arch: {', '.join(sorted(df['arch'].astype(str).unique()))})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="costmodel", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -160,6 +213,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("results", nargs="+", help="JSONL result files or globs")
     s.add_argument("--copy-gbps", type=float, default=None, help="measured copy bandwidth for the HBM floor")
     s.set_defaults(func=cmd_summarize)
+
+    d = sub.add_parser("dataset", help="build, validate or describe the dataset")
+    d.add_argument("action", choices=["build", "validate", "card"])
+    d.add_argument("files", nargs="*", help="data files (default: all parquet under --root)")
+    d.add_argument("--raw", nargs="+", default=["datasets/raw/*-shard*.jsonl.gz"],
+                   help="harness shards to convert (build)")
+    d.add_argument("--root", default="datasets")
+    d.add_argument("--remeasure", default="datasets/raw/remeasure.jsonl.gz",
+                   help="noise-floor re-measurements (card); '' to skip")
+    d.set_defaults(func=cmd_dataset)
+
+    im = sub.add_parser("import", help="import timings measured elsewhere (CSV, vLLM tuned tables)")
+    im.add_argument("format", choices=["csv", "vllm"])
+    im.add_argument("files", nargs="+")
+    im.add_argument("--out", required=True, help="parquet file to write")
+    im.add_argument("--hidden", type=int, default=0, help="hidden size K (vllm: not in the files)")
+    im.add_argument("--top-k", type=int, default=1, help="experts per token (vllm)")
+    im.set_defaults(func=cmd_import)
 
     c = sub.add_parser("configs", help="count the candidate space")
     c.add_argument("--dtype", nargs="+", default=["bf16", "fp16", "fp8"])

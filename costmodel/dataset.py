@@ -1,0 +1,223 @@
+"""The benchmark dataset: schema, parquet build from harness shards, validating loader.
+
+One row per (shape, candidate) measurement, long format. ``load_dataset``
+validates every file against SCHEMA and rejects bad data with a message that
+names the file and the column; it then merges duplicate measurements of the
+same key by their median and returns a typed frame.
+"""
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+STATUSES = ("ok", "wrong", "compile_error", "out_of_resources", "crash")
+DTYPES = ("bf16", "fp16", "fp8", "fp32")
+SOURCES = ("harness", "csv", "vllm")
+
+# column -> (kind, description with unit). kind: int, float, bool, str.
+SCHEMA: dict[str, tuple[str, str]] = {
+    "op": ("str", "operation: gemm (dense) or fused_moe"),
+    "m": ("int", "rows of x / tokens"),
+    "n": ("int", "output features (rows of the weight)"),
+    "k": ("int", "reduction dim"),
+    "e": ("int", "experts (1 for dense)"),
+    "top_k": ("int", "experts per token (1 for dense)"),
+    "dtype": ("str", "input dtype: bf16, fp16, fp8 (e4m3, bf16 out), fp32"),
+    "candidate": ("str", "config id (kernels/gemm_configs.py) or 'cublas'"),
+    "variant": ("str", "tiled, splitk, persistent, vendor (or the foreign kernel family)"),
+    "block_m": ("int", "tile rows (0 = n/a)"),
+    "block_n": ("int", "tile cols (0 = n/a)"),
+    "block_k": ("int", "tile depth (0 = n/a)"),
+    "group_m": ("int", "grouped-order rows (0 = n/a)"),
+    "split_k": ("int", "K slices (1 = none, 0 = n/a)"),
+    "num_warps": ("int", "warps per program (0 = n/a)"),
+    "num_stages": ("int", "software pipeline depth (0 = n/a)"),
+    "status": ("str", "ok, wrong, compile_error, out_of_resources, crash"),
+    "p20_us": ("float", "20th percentile latency, microseconds"),
+    "p50_us": ("float", "median latency, microseconds"),
+    "p80_us": ("float", "80th percentile latency, microseconds"),
+    "stable": ("bool", "(p80 - p20) / p50 <= 5%"),
+    "eval_shape": ("bool", "every feasible candidate of this shape was measured"),
+    "source": ("str", "harness, csv (costmodel import), vllm (tuned tables, winners only)"),
+    "arch": ("str", "GPU arch tag, e.g. sm90"),
+    "gpu_name": ("str", "GPU name"),
+    "gpu_uuid": ("str", "GPU UUID ('unknown' for imports)"),
+    "sm_count": ("int", "streaming multiprocessors (0 = unknown)"),
+    "driver": ("str", "driver version"),
+    "torch_version": ("str", "torch version"),
+    "triton_version": ("str", "triton version"),
+    "git_sha": ("str", "commit of the measuring code"),
+    "timestamp": ("str", "UTC ISO 8601 time of the measurement"),
+    "family": ("str", "model family of the first origin ('user' for custom shapes)"),
+    "origins": ("str", "family/model/layer/tpN origins, ';'-separated"),
+    "rel_err": ("float", "relative Frobenius error vs the fp32 reference (NaN if not run)"),
+    "error": ("str", "failure detail ('' when ok)"),
+    "n_samples": ("int", "timed CUDA-graph replays"),
+    "n_inner": ("int", "launches per replay"),
+    "n_copies": ("int", "rotating input copies (L2 policy)"),
+    "l2_policy": ("str", "'rotate': inputs rotate over >= 2x L2 of copies"),
+    "seed": ("int", "sweep seed (inputs and candidate sampling)"),
+    "suite": ("str", "name of the sweep that measured the row"),
+}
+OPTIONAL_DEFAULTS = {"op": "gemm", "e": 1, "top_k": 1, "source": "harness", "family": "user", "origins": "",
+                     "rel_err": float("nan"), "error": "", "n_samples": 0, "n_inner": 0, "n_copies": 0,
+                     "l2_policy": "", "seed": 0, "suite": ""}
+KEY = ["arch", "op", "dtype", "m", "n", "k", "e", "top_k", "candidate"]
+SHAPE_KEY = ["arch", "op", "dtype", "m", "n", "k", "e", "top_k"]
+MAX_FILE_BYTES = 50 * 2**20
+
+
+def schema_hash() -> str:
+    """Hash of the column names and kinds, for manifests."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(sorted((k, v[0]) for k, v in SCHEMA.items())).encode()).hexdigest()[:16]
+
+
+class DataError(ValueError):
+    """Bad benchmark data; the message names the file and the column."""
+
+
+def _read_jsonl(path: str) -> pd.DataFrame:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    return pd.DataFrame(rows)
+
+
+def normalize(df: pd.DataFrame) -> pd.DataFrame:
+    """Fill optional columns with their defaults and keep the schema's columns, in order."""
+    df = df.copy()
+    for col, default in OPTIONAL_DEFAULTS.items():
+        if col not in df.columns:
+            df[col] = default
+    return df[[c for c in SCHEMA if c in df.columns]]
+
+
+def validate(df: pd.DataFrame, name: str) -> pd.DataFrame:
+    """Check one file's frame against SCHEMA; returns it typed. Raises DataError."""
+    missing = [c for c in SCHEMA if c not in df.columns]
+    if missing:
+        raise DataError(f"{name}: missing column {missing[0]!r}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    if len(df) == 0:
+        raise DataError(f"{name}: no rows")
+    out = df[list(SCHEMA)].copy()
+    for col, (kind, _) in SCHEMA.items():
+        s = out[col]
+        try:
+            if kind == "int":
+                if s.isna().any():
+                    raise ValueError("missing values")
+                num = pd.to_numeric(s, errors="raise")
+                if not np.all(np.mod(num, 1) == 0):
+                    raise ValueError("non-integer values")
+                out[col] = num.astype("int64")
+            elif kind == "float":
+                out[col] = pd.to_numeric(s, errors="raise").astype("float64")
+            elif kind == "bool":
+                if s.isna().any():
+                    raise ValueError("missing values")
+                out[col] = s.astype(bool)
+            else:
+                out[col] = s.fillna("").astype(str)
+        except (ValueError, TypeError) as exc:
+            raise DataError(f"{name}: column {col!r}: {exc}") from None
+    for col in ("m", "n", "k", "e", "top_k"):
+        bad = out[col] <= 0
+        if bad.any():
+            raise DataError(f"{name}: column {col!r}: non-positive value {int(out.loc[bad, col].iloc[0])} "
+                            f"in row {int(np.flatnonzero(bad.to_numpy())[0])}")
+    for col, allowed in (("dtype", DTYPES), ("status", STATUSES), ("source", SOURCES)):
+        bad = ~out[col].isin(allowed)
+        if bad.any():
+            raise DataError(f"{name}: column {col!r}: unknown value {out.loc[bad, col].iloc[0]!r} "
+                            f"(allowed: {', '.join(allowed)})")
+    ok = out["status"] == "ok"
+    # Winners-only tables (vLLM) carry no latency; everything else must.
+    timed = ok & (out["source"] != "vllm")
+    for col in ("p20_us", "p50_us", "p80_us"):
+        t = out[col]
+        if (t < 0).any():
+            raise DataError(f"{name}: column {col!r}: negative time {t[t < 0].iloc[0]}")
+        if t[timed].isna().any():
+            raise DataError(f"{name}: column {col!r}: NaN time on a row with status 'ok'")
+        if (t[timed] == 0).any():
+            raise DataError(f"{name}: column {col!r}: zero time on a row with status 'ok'")
+    return out
+
+
+def read_file(path: str) -> pd.DataFrame:
+    """One data file (parquet, JSONL or JSONL.gz), normalised and validated."""
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: no such file")
+    try:
+        df = pd.read_parquet(path) if path.endswith(".parquet") else _read_jsonl(path)
+    except DataError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is a data error
+        raise DataError(f"{path}: unreadable: {type(exc).__name__}: {exc}") from None
+    return validate(normalize(df), path)
+
+
+def merge_duplicates(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per KEY: times are the median over ok duplicates; a key with any ok row is ok."""
+    if not df.duplicated(KEY).any():
+        return df.reset_index(drop=True)
+    df = df.assign(_ok=df["status"] == "ok")
+    # Prefer ok rows: failures of a key that also has ok measurements are dropped.
+    has_ok = df.groupby(KEY, sort=False)["_ok"].transform("any")
+    df = df[df["_ok"] | ~has_ok]
+    agg = {c: "first" for c in df.columns if c not in KEY and c != "_ok"}
+    agg.update(p20_us="median", p50_us="median", p80_us="median", stable="all")
+    out = df.groupby(KEY, sort=False, as_index=False).agg(agg)
+    return out[list(SCHEMA)].reset_index(drop=True)
+
+
+def typed(df: pd.DataFrame) -> pd.DataFrame:
+    """Categoricals for the low-cardinality string columns."""
+    df = df.copy()
+    for col in ("op", "dtype", "variant", "status", "source", "arch", "gpu_name", "family"):
+        df[col] = df[col].astype("category")
+    return df
+
+
+def dataset_files(root: str = "datasets") -> list[str]:
+    """Parquet files of the dataset under root (recursively), sorted."""
+    return sorted(glob.glob(os.path.join(root, "**", "*.parquet"), recursive=True))
+
+
+def load_dataset(paths=None, root: str = "datasets") -> pd.DataFrame:
+    """Validated, de-duplicated, typed frame of the given files (default: all parquet under root)."""
+    paths = list(paths) if paths is not None else dataset_files(root)
+    if not paths:
+        raise DataError(f"{root}: no data files")
+    frames = [read_file(str(p)) for p in paths]
+    return typed(merge_duplicates(pd.concat(frames, ignore_index=True)))
+
+
+def build_parquet(raw_paths, out_root: str = "datasets") -> list[str]:
+    """Convert harness shards (JSONL[.gz]) to parquet under out_root/<dtype>/, split to stay < 50 MB."""
+    written = []
+    for raw in raw_paths:
+        df = read_file(raw)
+        stem = Path(raw).name.replace(".jsonl.gz", "").replace(".jsonl", "")
+        for dtype, part in df.groupby("dtype", observed=True):
+            folder = Path(out_root) / dtype
+            folder.mkdir(parents=True, exist_ok=True)
+            # Rows compress to ~20-40 bytes in parquet; 500k rows per file stays well under 50 MB.
+            chunks = max(1, math.ceil(len(part) / 500_000))
+            for i in range(chunks):
+                sub = part.iloc[i * 500_000:(i + 1) * 500_000]
+                path = folder / (f"{stem}.parquet" if chunks == 1 else f"{stem}-part{i:02d}.parquet")
+                sub.to_parquet(path, index=False, compression="zstd")
+                if path.stat().st_size > MAX_FILE_BYTES:
+                    raise DataError(f"{path}: {path.stat().st_size} bytes exceeds the 50 MB file limit")
+                written.append(str(path))
+    return written
