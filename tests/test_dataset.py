@@ -1,0 +1,234 @@
+"""Dataset loader, importers and data card against known answers and broken files."""
+from __future__ import annotations
+
+import gzip
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gemm_costmodel import datacard as DC
+from gemm_costmodel import dataset as D
+from gemm_costmodel import importers as I
+from gemm_costmodel.cli import main as cli_main
+
+
+def good_row(**kw) -> dict:
+    row = {"m": 7, "n": 96, "k": 64, "dtype": "bf16", "candidate": "tiled_m16n32k64_g8_w4s3",
+           "variant": "tiled", "block_m": 16, "block_n": 32, "block_k": 64, "group_m": 8, "split_k": 1,
+           "num_warps": 4, "num_stages": 3, "status": "ok", "p20_us": 9.0, "p50_us": 10.0, "p80_us": 11.0,
+           "stable": True, "eval_shape": False, "arch": "sm90", "gpu_name": "NVIDIA H200", "gpu_uuid": "GPU-x",
+           "sm_count": 132, "driver": "580", "torch_version": "2.11", "triton_version": "3.6",
+           "git_sha": "abc", "timestamp": "2026-11-21T00:00:00+00:00", "origins": "qwen2.5/Qwen2.5-0.5B/o_proj/tp1",
+           "family": "qwen2.5"}
+    row.update(kw)
+    return row
+
+
+def write_jsonl(path, rows):
+    with gzip.open(path, "wt") as fh:
+        for r in rows:
+            fh.write(json.dumps(r) + "\n")
+    return str(path)
+
+
+def write_parquet(path, rows):
+    pd.DataFrame(rows).to_parquet(path, index=False)
+    return str(path)
+
+
+def test_committed_dataset_loads_typed_and_valid():
+    df = D.load_dataset()
+    assert len(df) > 50_000
+    assert set(df["dtype"].astype(str)) >= {"bf16", "fp16", "fp8"}
+    assert df["m"].dtype == np.int64 and df["p50_us"].dtype == np.float64 and df["stable"].dtype == bool
+    assert isinstance(df["status"].dtype, pd.CategoricalDtype)
+    ok = df[df["status"] == "ok"]
+    assert (ok["p50_us"] > 0).all() and (ok["p20_us"] <= ok["p50_us"]).all() and (ok["p50_us"] <= ok["p80_us"]).all()
+    assert not df.duplicated(D.KEY).any()
+    # Every row has provenance.
+    for col in ("gpu_name", "gpu_uuid", "driver", "torch_version", "triton_version", "git_sha", "timestamp"):
+        assert (df[col].astype(str).str.len() > 0).all(), col
+    # Training shapes come only from the named families.
+    fams = {o.split("/")[0] for s in df["origins"] for o in s.split(";")}
+    from gemm_costmodel.shapes import TRAINING_FAMILIES
+    assert fams <= set(TRAINING_FAMILIES)
+
+
+def test_dataset_files_under_50mb():
+    import os
+
+    for p in D.dataset_files():
+        assert os.path.getsize(p) < D.MAX_FILE_BYTES
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda r: r.pop("p50_us"), "missing column 'p50_us'"),
+    (lambda r: r.update(m=0), "column 'm': non-positive value 0"),
+    (lambda r: r.update(k=-5), "column 'k': non-positive value -5"),
+    (lambda r: r.update(p50_us=-1.0), "column 'p50_us': negative time"),
+    (lambda r: r.update(p50_us=float("nan")), "column 'p50_us': NaN time"),
+    (lambda r: r.update(status="slow"), "column 'status': unknown value 'slow'"),
+    (lambda r: r.update(dtype="int4"), "column 'dtype': unknown value 'int4'"),
+    (lambda r: r.update(n="ninety"), "column 'n'"),
+    (lambda r: r.update(m=7.5), "column 'm': non-integer"),
+])
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl.gz"])
+def test_loader_rejects_bad_data_naming_file_and_column(tmp_path, mutate, match, fmt):
+    bad = good_row(m=8)
+    mutate(bad)
+    first = good_row()
+    if match.startswith("missing column"):
+        mutate(first)  # a column is missing only if no row has it
+    rows = [first, bad]
+    path = tmp_path / f"bad.{fmt}"
+    if fmt == "parquet":
+        if isinstance(bad.get("n"), str):
+            pytest.skip("parquet cannot hold mixed int/str columns")
+        write_parquet(path, rows)
+    else:
+        write_jsonl(path, rows)
+    with pytest.raises(D.DataError) as exc:
+        D.load_dataset([path])
+    assert str(path) in str(exc.value) and match in str(exc.value)
+
+
+def test_failed_rows_may_have_nan_time(tmp_path):
+    path = write_parquet(tmp_path / "f.parquet", [good_row(), good_row(candidate="cublas", variant="vendor",
+                                                   status="compile_error", p20_us=np.nan, p50_us=np.nan,
+                                                   p80_us=np.nan)])
+    df = D.load_dataset([path])
+    assert sorted(df["status"].astype(str)) == ["compile_error", "ok"]
+
+
+def test_unreadable_and_empty_files(tmp_path):
+    junk = tmp_path / "junk.parquet"
+    junk.write_bytes(b"not parquet")
+    with pytest.raises(D.DataError, match="junk.parquet: unreadable"):
+        D.load_dataset([junk])
+    with pytest.raises(D.DataError, match="no such file"):
+        D.load_dataset([tmp_path / "missing.parquet"])
+    with pytest.raises(D.DataError, match="no data files"):
+        D.load_dataset(root=str(tmp_path / "empty"))
+
+
+def test_duplicates_merge_by_median(tmp_path):
+    a = write_parquet(tmp_path / "a.parquet", [good_row(p20_us=1.0, p50_us=10.0, p80_us=11.0),
+                                               good_row(p20_us=2.0, p50_us=30.0, p80_us=31.0, stable=False)])
+    b = write_parquet(tmp_path / "b.parquet", [good_row(p20_us=3.0, p50_us=14.0, p80_us=15.0),
+                                               good_row(status="wrong", p50_us=1.0)])
+    df = D.load_dataset([a, b])
+    assert len(df) == 1
+    r = df.iloc[0]
+    assert (r["p20_us"], r["p50_us"], r["p80_us"]) == (2.0, 14.0, 15.0)
+    assert r["status"] == "ok" and not r["stable"]  # the wrong duplicate is dropped; one unstable -> unstable
+
+
+def test_build_parquet_roundtrip(tmp_path):
+    raw = write_jsonl(tmp_path / "train-bf16-shard00of02.jsonl.gz",
+                      [good_row(), good_row(dtype="fp16", m=3), good_row(m=9, hostname="x", rel_err=1e-3)])
+    out = D.build_parquet([raw], str(tmp_path / "ds"))
+    assert sorted(p.split("/")[-2] for p in out) == ["bf16", "fp16"]
+    df = D.load_dataset(root=str(tmp_path / "ds"))
+    assert len(df) == 3 and "hostname" not in df.columns
+    assert df.loc[df["m"] == 9, "rel_err"].iloc[0] == pytest.approx(1e-3)
+    assert df.loc[df["m"] == 7, "op"].iloc[0] == "gemm" and df["e"].eq(1).all()
+
+
+def test_import_csv_keeps_foreign_arch(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text("M,N,K,dtype,candidate,latency_us,arch,gpu_name\n"
+                 "16,4096,4096,bf16,tiled_m16n64k128_g8_w4s3,12.5,sm80,NVIDIA A100\n"
+                 "1,1024,512,fp16,my_kernel_v2,3.0,gfx942,MI300X\n")
+    df = I.import_csv(str(p))
+    assert list(df["arch"]) == ["sm80", "gfx942"]
+    r0, r1 = df.iloc[0], df.iloc[1]
+    assert (r0["variant"], r0["block_n"], r0["block_k"], r0["p50_us"], r0["source"]) == ("tiled", 64, 128, 12.5, "csv")
+    assert (r1["variant"], r1["block_m"], r1["candidate"]) == ("foreign", 0, "my_kernel_v2")
+
+
+@pytest.mark.parametrize("text, match", [
+    ("M,N,K,dtype,candidate,arch\n1,2,3,bf16,x,sm90\n", "missing column 'latency_us'"),
+    ("M,N,K,dtype,candidate,latency_us,arch\n1,2,3,bf16,x,fast,sm90\n", "latency_us"),
+    ("M,N,K,dtype,candidate,latency_us,arch\n0,2,3,bf16,x,1.0,sm90\n", "column 'm': non-positive"),
+    ("M,N,K,dtype,candidate,latency_us,arch\n1,2,3,int4,x,1.0,sm90\n", "column 'dtype'"),
+    ("", "empty file"),
+])
+def test_import_csv_rejects_bad_files(tmp_path, text, match):
+    p = tmp_path / "bad.csv"
+    p.write_text(text)
+    with pytest.raises(D.DataError, match=match):
+        I.import_csv(str(p))
+
+
+def test_import_vllm_table(tmp_path):
+    name = "E=8,N=14336,device_name=NVIDIA_H100_80GB_HBM3,dtype=fp8_w8a8.json"
+    body = {"1": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1,
+                  "num_warps": 4, "num_stages": 4},
+            "64": {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 16,
+                   "num_warps": 8, "num_stages": 3},
+            "triton_version": "3.1.0"}
+    (tmp_path / name).write_text(json.dumps(body))
+    df = I.import_vllm(str(tmp_path / name), hidden=4096, top_k=2)
+    assert list(df["m"]) == [1, 64]
+    r = df.iloc[1]
+    assert (r["op"], r["e"], r["n"], r["k"], r["top_k"], r["dtype"], r["arch"]) == \
+        ("fused_moe", 8, 14336, 4096, 2, "fp8", "sm90")
+    assert r["candidate"] == "vllm_m64n128k128_g16_w8s3" and math.isnan(r["p50_us"]) and r["source"] == "vllm"
+    bs = "E=256,N=128,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
+    (tmp_path / bs).write_text(json.dumps({"1": body["1"]}))
+    assert I.import_vllm(str(tmp_path / bs), hidden=7168)["op"].iloc[0] == "fused_moe_blockscale"
+    (tmp_path / "E=1,N=1,device_name=X,dtype=int8_w8a16.json").write_text("{}")
+    with pytest.raises(D.DataError, match="unsupported vLLM dtype"):
+        I.import_vllm(str(tmp_path / "E=1,N=1,device_name=X,dtype=int8_w8a16.json"), hidden=1)
+
+
+def test_arch_of():
+    assert I.arch_of("NVIDIA_H100_80GB_HBM3") == "sm90"
+    assert I.arch_of("NVIDIA H200") == "sm90"
+    assert I.arch_of("NVIDIA A100-SXM4-80GB") == "sm80"
+    assert I.arch_of("Some GPU") == "unknown"
+
+
+def test_cli_import_errors(tmp_path, capsys):
+    assert cli_main(["import", "vllm", "x.json", "--out", str(tmp_path / "o.parquet")]) == 2
+    assert "pass --hidden" in capsys.readouterr().err
+    assert cli_main(["import", "csv", str(tmp_path / "none.csv"), "--out", str(tmp_path / "o.parquet")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("costmodel: error:") and "no such file" in err and "\n" not in err
+
+
+def _eval_frame():
+    rows = []
+    # Two evaluation shapes, 3 candidates each; hand-computed figures below.
+    lat = {(1, "a"): 10.0, (1, "b"): 20.0, (1, "cublas"): 10.05,
+           (2, "a"): 40.0, (2, "b"): 20.0, (2, "cublas"): 30.0}
+    for (m, c), t in lat.items():
+        rows.append(good_row(m=m, candidate={"a": DC.DEFAULT_CONFIG, "b": "splitk_m16n32k64_s2_w4s3"}.get(c, c),
+                             variant="vendor" if c == "cublas" else "tiled", p20_us=t, p50_us=t, p80_us=t,
+                             eval_shape=True))
+    return D.normalize(pd.DataFrame(rows))
+
+
+def test_eval_figures_hand_computed():
+    f = DC.eval_figures(_eval_frame(), tie_tol=0.01)["bf16"]
+    assert f["eval_shapes"] == 2
+    # Triton oracle: 10 and 20; cuBLAS 10.05 and 30 -> geomean(1.005, 1.5)
+    assert f["cublas_over_triton_oracle"] == pytest.approx(math.sqrt(1.005 * 1.5))
+    # Default config: 10/10 and 40/20 -> geomean(1, 2)
+    assert f["default_slowdown"] == pytest.approx(math.sqrt(2))
+    # Static configs: default sqrt(2), split-K sqrt(2*1)=sqrt(2), cublas sqrt(1.005*1.5)=1.2278 -> cublas
+    assert f["best_static_config"] == "cublas"
+    assert f["best_static_slowdown"] == pytest.approx(math.sqrt(1.005 * 1.5))
+    # Ties within 1%: shape 1 has the default and cuBLAS (10.05 <= 10.1), shape 2 only split-K.
+    assert f["ties_median"] == 1.5 and f["shapes_with_tie"] == 1
+
+
+def test_noise_floor_hand_computed():
+    r = pd.DataFrame({"status": ["ok"] * 4, "orig_p50_us": [10.0, 10.0, 10.0, 10.0],
+                      "p50_us": [10.1, 9.8, 13.0, 10.0], "orig_stable": [True, True, False, True]})
+    nf = DC.noise_floor(r)
+    assert nf["pairs"] == 4 and nf["median"] == pytest.approx(0.015)
+    assert nf["stable_pairs"] == 3 and nf["stable_median"] == pytest.approx(0.01)
