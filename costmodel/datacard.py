@@ -5,19 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from gemm_costmodel.benchmarks.summary import markdown_table as _table
 from gemm_costmodel.kernels.gemm_configs import generate_configs
 
 # The config a user gets without tuning: the classic tutorial tile.
 DEFAULT_CONFIG = "tiled_m128n128k64_g8_w4s3"
 M_BUCKETS = [(1, 1), (2, 16), (17, 64), (65, 256), (257, 1024), (1025, 4096), (4097, 16384)]
-
-
-def _table(df: pd.DataFrame) -> str:
-    cols = [str(c) for c in df.columns]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for row in df.itertuples(index=False):
-        lines.append("| " + " | ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in row) + " |")
-    return "\n".join(lines)
 
 
 def geomean(x) -> float:
