@@ -91,14 +91,13 @@ def gemm_tiled_kernel(x_ptr, w_ptr, y_ptr, sa_ptr, sb_ptr, M, N, K, stride_xm, s
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=["M"])
-def gemm_splitk_kernel(x_ptr, w_ptr, ws_ptr, M, N, K, stride_xm, stride_wn,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr):
-    """Program (tile, s) multiplies the s-th slice of K and writes fp32 partials ws[s]."""
+@triton.jit
+def _splitk_slice(x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, pid_s,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr):
+    # Program (tile, pid_s): fp32 partial product of the tile over the pid_s-th K slice.
     num_pid_n = tl.cdiv(N, BLOCK_N)
     tile = tl.program_id(0)
-    pid_s = tl.program_id(1)
     pid_m = tile // num_pid_n
     pid_n = tile % num_pid_n
     # Balanced slices of whole k-tiles: every slice gets at least one tile
@@ -110,6 +109,17 @@ def gemm_splitk_kernel(x_ptr, w_ptr, ws_ptr, M, N, K, stride_xm, stride_wn,
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = _mainloop(x_ptr, w_ptr, offs_m, offs_n, M, N, K, t0, t1 - t0, stride_xm,
                     stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+    return acc, offs_m, offs_n
+
+
+@triton.jit(do_not_specialize=["M"])
+def gemm_splitk_kernel(x_ptr, w_ptr, ws_ptr, M, N, K, stride_xm, stride_wn,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """Program (tile, s) multiplies the s-th slice of K and writes fp32 partials ws[s]."""
+    pid_s = tl.program_id(1)
+    acc, offs_m, offs_n = _splitk_slice(x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, pid_s,
+                                        BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, EVEN_K)
     ws_ptrs = ws_ptr + pid_s * M * N + offs_m[:, None] * N + offs_n[None, :]
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tl.store(ws_ptrs, acc, mask=mask)
@@ -137,18 +147,10 @@ def gemm_splitk_serial_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, sa_ptr, sb_p
     """Split-K in one launch: each slice writes fp32 partials, the last slice of a tile to
     arrive (per-tile arrival counter) sums them, applies the scales, stores y and resets
     the counter to zero for the next launch."""
-    num_pid_n = tl.cdiv(N, BLOCK_N)
     tile = tl.program_id(0)
     pid_s = tl.program_id(1)
-    pid_m = tile // num_pid_n
-    pid_n = tile % num_pid_n
-    total = tl.cdiv(K, BLOCK_K)
-    t0 = pid_s * total // SPLIT_K
-    t1 = (pid_s + 1) * total // SPLIT_K
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = _mainloop(x_ptr, w_ptr, offs_m, offs_n, M, N, K, t0, t1 - t0, stride_xm,
-                    stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+    acc, offs_m, offs_n = _splitk_slice(x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, pid_s,
+                                        BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, EVEN_K)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     ws_tile = ws_ptr + offs_m[:, None] * N + offs_n[None, :]
     tl.store(ws_tile + pid_s * M * N, acc, mask=mask)
