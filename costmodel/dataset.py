@@ -69,8 +69,10 @@ SCHEMA: dict[str, tuple[str, str]] = {
 OPTIONAL_DEFAULTS = {"op": "gemm", "e": 1, "top_k": 1, "source": "harness", "family": "user", "origins": "",
                      "rel_err": float("nan"), "error": "", "n_samples": 0, "n_inner": 0, "n_copies": 0,
                      "l2_policy": "", "seed": 0, "suite": ""}
-KEY = ["arch", "op", "dtype", "m", "n", "k", "e", "top_k", "candidate"]
-SHAPE_KEY = ["arch", "op", "dtype", "m", "n", "k", "e", "top_k"]
+# Two GPUs of one arch (H100, H200: both sm90) are different machines to the cost
+# model, so their measurements are never merged.
+KEY = ["arch", "gpu_name", "op", "dtype", "m", "n", "k", "e", "top_k", "candidate"]
+SHAPE_KEY = ["arch", "gpu_name", "op", "dtype", "m", "n", "k", "e", "top_k"]
 MAX_FILE_BYTES = 50 * 2**20
 
 

@@ -1,0 +1,242 @@
+"""Held-out evaluation of the cost model against every simpler way of choosing.
+
+Only evaluation shapes count (every feasible candidate measured: the oracle is
+exact). Each method turns the rows of an evaluation shape into a *score* per
+candidate (lower = chosen first); the metrics read the measured latency of the
+candidates in score order. Splits are by model family or by (N, K), never by
+row: a test shape's family (or (N, K)) contributes no training row.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from gemm_costmodel import features as F
+from gemm_costmodel import hardware, heuristic
+from gemm_costmodel.model import SHAPE_COLS, CostModel, TrainConfig, training_rows
+
+DEFAULT_CONFIG = "tiled_m128n128k64_g8_w4s3"
+TOPK = (1, 2, 4, 8)
+MATCH_TOL = 1.02
+METHODS = ("model", "oracle", "cublas", "default", "best_static", "heuristic", "nearest_neighbor")
+
+
+def eval_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """ok rows of evaluation shapes, with a shape id column ``sid``."""
+    ev = df[df["eval_shape"].astype(bool) & (df["status"] == "ok") & df["p50_us"].notna()].copy()
+    ev["sid"] = pd.MultiIndex.from_frame(ev[SHAPE_COLS].astype(str)).factorize()[0]
+    return ev.reset_index(drop=True)
+
+
+def families_of(origins: str) -> set[str]:
+    """Model families named in an origins string ('family/model/layer/tpN;...')."""
+    return {o.split("/")[0] for o in str(origins).split(";") if o}
+
+
+# -- metrics -------------------------------------------------------------------
+
+def per_shape(ev: pd.DataFrame, score: np.ndarray) -> pd.DataFrame:
+    """One row per evaluation shape: the pick, its slowdown vs the oracle, and top-k facts.
+
+    Ties in score are broken by candidate id, so results are deterministic.
+    """
+    t = ev[["sid", "candidate", "p50_us"]].assign(score=np.asarray(score, dtype=np.float64))
+    t = t.sort_values(["sid", "score", "candidate"], kind="stable")
+    t["pos"] = t.groupby("sid").cumcount()
+    g = t.groupby("sid")
+    oracle = g["p50_us"].min()
+    first = t[t["pos"] == 0].set_index("sid")
+    out = pd.DataFrame({"pick": first["candidate"], "pick_us": first["p50_us"], "oracle_us": oracle})
+    out["slowdown"] = out["pick_us"] / out["oracle_us"]
+    is_best = t["p50_us"] == t["sid"].map(oracle)
+    out["oracle_pos"] = t[is_best].groupby("sid")["pos"].min()
+    for k in TOPK:
+        out[f"top{k}_us"] = t[t["pos"] < k].groupby("sid")["p50_us"].min()
+    cub = ev[ev["candidate"] == "cublas"].set_index("sid")["p50_us"]
+    out["cublas_us"] = cub.reindex(out.index)
+    meta = ev.drop_duplicates("sid").set_index("sid")[["gpu_name", "dtype", "m", "n", "k", "family", "origins"]]
+    out = out.join(meta)
+    out["shape"] = (out["gpu_name"].astype(str) + ":" + out["dtype"].astype(str) + ":" + out["m"].astype(str) + "x"
+                    + out["n"].astype(str) + "x" + out["k"].astype(str))
+    return out
+
+
+def geomean(x) -> float:
+    """Geometric mean of the finite positive values (NaN if none)."""
+    x = np.asarray(x, dtype=np.float64)
+    x = x[np.isfinite(x) & (x > 0)]
+    return float(np.exp(np.log(x).mean())) if len(x) else float("nan")
+
+
+def summarize(ps: pd.DataFrame) -> dict:
+    """The headline metrics of a per_shape table."""
+    s = ps["slowdown"].to_numpy()
+    out = {
+        "shapes": int(len(ps)),
+        "top1_match": float(np.mean(ps["oracle_pos"] == 0)) if len(ps) else float("nan"),
+        "match_2pct": float(np.mean(s <= MATCH_TOL)) if len(ps) else float("nan"),
+        "geomean_slowdown": geomean(s),
+        "p95_slowdown": float(np.quantile(s, 0.95)) if len(ps) else float("nan"),
+        "p99_slowdown": float(np.quantile(s, 0.99)) if len(ps) else float("nan"),
+        "max_slowdown": float(s.max()) if len(ps) else float("nan"),
+        "speedup_vs_cublas": geomean(ps["cublas_us"] / ps["pick_us"]),
+    }
+    for k in TOPK:
+        out[f"recall_top{k}"] = float(np.mean(ps["oracle_pos"] < k)) if len(ps) else float("nan")
+        out[f"top{k}_bench_slowdown"] = geomean(ps[f"top{k}_us"] / ps["oracle_us"])
+    return out
+
+
+# -- baselines -----------------------------------------------------------------
+
+def _fallback_rank(ev: pd.DataFrame) -> np.ndarray:
+    """Heuristic pick first (0), everything else after (1): the rank when a baseline has no answer."""
+    out = np.ones(len(ev))
+    for sid, g in ev.groupby("sid"):
+        r = g.iloc[0]
+        sm = hardware.spec_for(str(r["gpu_name"])).sm_count
+        cands = g[["variant", *F.PARAMS]].astype({"variant": str}).to_dict("records")
+        out[g.index[heuristic.choose(int(r["m"]), int(r["n"]), int(r["k"]), sm, cands)]] = 0
+    return out
+
+
+def _pick_score(ev: pd.DataFrame, wanted: pd.Series) -> np.ndarray:
+    """Score 0 for the wanted candidate of each shape (wanted: sid -> candidate); missing -> heuristic."""
+    hit = ev["candidate"].to_numpy() == ev["sid"].map(wanted).to_numpy()
+    has = pd.Series(hit).groupby(ev["sid"].to_numpy()).transform("any").to_numpy()
+    return np.where(has, np.where(hit, 0.0, 2.0), 1.0 + _fallback_rank(ev))
+
+
+def static_ranking(train_ev: pd.DataFrame) -> pd.Series:
+    """Candidate -> geomean slowdown over fully measured training shapes (its rank for best-static)."""
+    best = train_ev.groupby("sid")["p50_us"].transform("min")
+    slow = (train_ev["p50_us"] / best).rename("slow")
+    piv = train_ev.assign(slow=slow).pivot_table(index="sid", columns="candidate", values="slow")
+    n = len(piv)
+    # A config infeasible on some shapes is penalised there as 10x, so 'best static' is one that runs everywhere.
+    return np.exp(np.log(piv.fillna(10.0)).sum() / max(n, 1)).sort_values()
+
+
+def nn_table(train: pd.DataFrame) -> pd.DataFrame:
+    """Tuned table from training shapes: the fastest measured candidate per shape."""
+    ok = training_rows(train, stable_only=False)
+    idx = ok.groupby(SHAPE_COLS, observed=True)["p50_us"].idxmin()
+    return ok.loc[idx, ["gpu_name", "dtype", "m", "n", "k", "candidate"]].reset_index(drop=True)
+
+
+def nn_pick(table: pd.DataFrame, gpu: str, dtype: str, m: int, n: int, k: int) -> str | None:
+    """vLLM/AITER-style lookup: the nearest tuned (N, K) (log distance), then its nearest M."""
+    t = table[(table["gpu_name"].astype(str) == gpu) & (table["dtype"].astype(str) == dtype)]
+    if t.empty:
+        t = table[table["dtype"].astype(str) == dtype]
+    if t.empty:
+        return None
+    nk = t[["n", "k"]].drop_duplicates().to_numpy(dtype=np.float64)
+    d = np.abs(np.log2(nk[:, 0] / n)) + np.abs(np.log2(nk[:, 1] / k))
+    bn, bk = nk[int(np.argmin(d))]
+    rows = t[(t["n"] == bn) & (t["k"] == bk)]
+    dm = np.abs(np.log2(rows["m"].to_numpy(dtype=np.float64) / m))
+    return str(rows["candidate"].iloc[int(np.argmin(dm))])
+
+
+def baseline_scores(ev: pd.DataFrame, train: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Scores of every baseline on the evaluation rows, each fitted on the training frame only."""
+    out = {"oracle": ev["p50_us"].to_numpy(dtype=np.float64)}
+    out["cublas"] = np.where(ev["candidate"] == "cublas", 0.0, 1.0)
+    if not (ev["candidate"] == "cublas").groupby(ev["sid"]).any().all():
+        out["cublas"] = _pick_score(ev, pd.Series("cublas", index=ev["sid"].unique()))
+    out["default"] = _pick_score(ev, pd.Series(DEFAULT_CONFIG, index=ev["sid"].unique()))
+    train_ev = eval_rows(train)
+    if len(train_ev):
+        rank = static_ranking(train_ev)
+        pos = pd.Series(np.arange(len(rank), dtype=np.float64), index=rank.index)
+        out["best_static"] = ev["candidate"].map(pos).fillna(len(rank) + 1).to_numpy()
+    out["heuristic"] = _fallback_rank(ev)
+    table = nn_table(train)
+    first = ev.drop_duplicates("sid").set_index("sid")
+    wanted = pd.Series({sid: nn_pick(table, str(r["gpu_name"]), str(r["dtype"]), int(r["m"]), int(r["n"]),
+                                     int(r["k"])) for sid, r in first.iterrows()})
+    out["nearest_neighbor"] = _pick_score(ev, wanted)
+    return out
+
+
+# -- cross-validation -------------------------------------------------------------
+
+@dataclass
+class Fold:
+    name: str
+    train: pd.DataFrame
+    test: pd.DataFrame  # evaluation rows (eval_rows) of the held-out group
+
+
+def family_folds(df: pd.DataFrame) -> list[Fold]:
+    """Leave-one-family-out: test = evaluation shapes whose first family is F;
+    train = every shape none of whose origins is in F."""
+    fams = df["origins"].map(families_of)
+    ev = df[df["eval_shape"].astype(bool)]
+    out = []
+    for fam in sorted(ev["family"].astype(str).unique()):
+        test = eval_rows(ev[ev["family"].astype(str) == fam])
+        train = df[~fams.map(lambda s: fam in s)]
+        if len(test) and len(train):
+            out.append(Fold(fam, train, test))
+    return out
+
+
+def nk_folds(df: pd.DataFrame, n_folds: int = 5, seed: int = 0) -> list[Fold]:
+    """Leave-(N, K)-out: (N, K) pairs split into n_folds groups by a seeded shuffle."""
+    pairs = sorted(set(zip(df["n"].astype(int), df["k"].astype(int))))
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(pairs))
+    group = {pairs[i]: j % n_folds for j, i in enumerate(order)}
+    g = np.array([group[(n, k)] for n, k in zip(df["n"].astype(int), df["k"].astype(int))])
+    out = []
+    for f in range(n_folds):
+        test = eval_rows(df[(g == f) & df["eval_shape"].astype(bool).to_numpy()])
+        if len(test):
+            out.append(Fold(f"nk{f}", df[g != f], test))
+    return out
+
+
+def cross_validate(df: pd.DataFrame, config: TrainConfig, scheme: str = "family",
+                   baselines: bool = True, log: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """Per-shape results of the model (and baselines) over held-out folds, long format
+    (one row per (method, shape)) with a ``fold`` column."""
+    folds = family_folds(df) if scheme == "family" else nk_folds(df)
+    if not folds:
+        raise ValueError("no evaluation shapes to hold out")
+    frames = []
+    for i, fold in enumerate(folds):
+        if log:
+            log(f"[{scheme} {i + 1}/{len(folds)}] hold out {fold.name}: {fold.test['sid'].nunique()} shapes, "
+                f"train on {len(fold.train)} rows")
+        model = CostModel(config).fit(fold.train)
+        scores = {"model": model.score_frame(fold.test)}
+        if baselines:
+            scores.update(baseline_scores(fold.test, fold.train))
+        for method, sc in scores.items():
+            frames.append(per_shape(fold.test, sc).assign(method=method, fold=fold.name))
+    return pd.concat(frames).reset_index(names="sid")
+
+
+def metrics_table(results: pd.DataFrame, by: list[str] | None = None) -> pd.DataFrame:
+    """summarize() per method (and per the extra columns in ``by``)."""
+    keys = ["method", *(by or [])]
+    rows = []
+    for key, g in results.groupby(keys, observed=True, sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        rows.append({**dict(zip(keys, key)), **summarize(g)})
+    out = pd.DataFrame(rows)
+    order = {m: i for i, m in enumerate(METHODS)}
+    return out.sort_values(keys, key=lambda s: s.map(order) if s.name == "method" else s).reset_index(drop=True)
+
+
+def m_bucket(m: pd.Series) -> pd.Series:
+    """Decode / small / mid / prefill buckets of M, for the report."""
+    edges = [0, 16, 64, 256, 1024, math.inf]
+    labels = ["1-16", "17-64", "65-256", "257-1024", ">1024"]
+    return pd.cut(m, edges, labels=labels)

@@ -1,0 +1,100 @@
+"""ONNX export of a trained CostModel, with its manifest.
+
+onnxmltools converts XGBoost regressors but not rankers, so every booster is
+first re-declared as a squared-error regressor: the trees and the base score are
+unchanged, hence the ONNX output equals the booster's margin for every
+formulation. Feature names are cleared (onnxmltools expects f0..fN); the column
+order is ``gemm_costmodel.features.FEATURE_NAMES``, recorded in the manifest
+together with the schema hash the runtime checks.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from datetime import datetime, timezone
+
+import numpy as np
+
+from gemm_costmodel import features as F
+
+TARGET_OPSET = 15
+INPUT_NAME = "features"
+
+
+def as_regressor(booster):
+    """A copy of the booster declared as reg:squarederror, margin unchanged."""
+    import xgboost as xgb
+
+    raw = json.loads(booster.save_raw("json"))
+    learner = raw["learner"]
+    learner["objective"] = {"name": "reg:squarederror", "reg_loss_param": {"scale_pos_weight": "1"}}
+    learner["feature_names"] = []
+    learner["feature_types"] = []
+    out = xgb.Booster()
+    out.load_model(bytearray(json.dumps(raw).encode()))
+    return out
+
+
+def to_onnx(booster, n_features: int = len(F.FEATURE_NAMES)):
+    """The booster as an ONNX ModelProto with one float32 input of n_features columns."""
+    from onnxmltools.convert import convert_xgboost
+    from onnxmltools.convert.common.data_types import FloatTensorType
+
+    reg = as_regressor(booster)
+    return convert_xgboost(reg, initial_types=[(INPUT_NAME, FloatTensorType([None, n_features]))],
+                           target_opset=TARGET_OPSET)
+
+
+def model_name(op: str, dtype: str, arch: str) -> str:
+    """File stem of a shipped model: <op>-<dtype>-<arch>."""
+    return f"{op}-{dtype}-{arch}"
+
+
+def _versions() -> dict:
+    import onnx
+    import onnxmltools
+    import xgboost
+
+    return {"xgboost": xgboost.__version__, "onnxmltools": onnxmltools.__version__, "onnx": onnx.__version__,
+            "numpy": np.__version__, "python": platform.python_version()}
+
+
+def data_hash(df) -> str:
+    """Hash of the training data's keys and medians (order-independent)."""
+    cols = ["gpu_name", "dtype", "m", "n", "k", "e", "top_k", "candidate", "p50_us", "stable", "status"]
+    t = df[cols].astype(str).agg("|".join, axis=1).sort_values()
+    return hashlib.sha256("\n".join(t).encode()).hexdigest()[:16]
+
+
+def export(model, out_dir: str, op: str, dtype: str, arch: str, space_hash: str, training_data_hash: str,
+           metrics: dict | None = None, gpus: list[str] | None = None) -> tuple[str, str]:
+    """Write <out_dir>/<op>-<dtype>-<arch>.onnx and .json (the manifest); returns both paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    stem = os.path.join(out_dir, model_name(op, dtype, arch))
+    proto = to_onnx(model.booster_)
+    with open(stem + ".onnx", "wb") as fh:
+        fh.write(proto.SerializeToString())
+    manifest = {
+        "op": op, "dtype": dtype, "arch": arch,
+        "formulation": model.config.formulation,
+        # Runtime score = score_sign * onnx output; lower = faster.
+        "score_sign": -1.0 if model.config.formulation == "rank" else 1.0,
+        "predicts_log2_latency_us": model.config.formulation == "log_latency",
+        "input_name": INPUT_NAME,
+        "feature_schema_hash": F.schema_hash(),
+        "feature_names": list(F.FEATURE_NAMES),
+        "config_space_hash": space_hash,
+        "training_data_hash": training_data_hash,
+        "training_rows": model.n_rows_, "training_shapes": model.n_shapes_,
+        "training_gpus": sorted(gpus or []),
+        "hyperparameters": model.params(),
+        "metrics": metrics or {},
+        "versions": _versions(),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "onnx_bytes": os.path.getsize(stem + ".onnx"),
+    }
+    with open(stem + ".json", "w", encoding="utf-8") as fh:
+        json.dump(manifest, fh, indent=1, sort_keys=True)
+    return stem + ".onnx", stem + ".json"

@@ -1,0 +1,141 @@
+"""The XGBoost cost model: one estimator, three formulations of the target.
+
+- ``log_latency``: regression on log2(p50 latency in us).
+- ``normalized``: regression on log2(latency / the shape's best measured latency),
+  TVM style; only the ordering within a shape matters.
+- ``rank``: ``rank:pairwise`` with one query per shape; labels are graded by
+  3% steps of slowdown against the shape's best.
+
+Every formulation yields a *score*, lower = predicted faster, which is what
+selection uses. Training follows scikit-learn conventions: ``fit`` returns self
+and learned state ends in ``_``. xgboost is imported lazily (training only).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+
+from gemm_costmodel import features as F
+from gemm_costmodel import hardware
+
+FORMULATIONS = ("log_latency", "normalized", "rank")
+SHAPE_COLS = ["gpu_name", "op", "dtype", "m", "n", "k", "e", "top_k"]
+# Grade step of the ranking labels: candidates within 3% of each other share a grade.
+RANK_STEP = 1.03
+RANK_GRADES = 30
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Hyperparameters. Defaults were picked on leave-family-out validation (see the report)."""
+
+    formulation: str = "log_latency"
+    n_estimators: int = 300
+    max_depth: int = 8
+    learning_rate: float = 0.1
+    subsample: float = 0.8
+    colsample_bytree: float = 0.8
+    min_child_weight: float = 2.0
+    reg_lambda: float = 1.0
+    max_bin: int = 256
+    n_jobs: int = 2
+    seed: int = 0
+    stable_only: bool = True
+
+    def __post_init__(self):
+        if self.formulation not in FORMULATIONS:
+            raise ValueError(f"formulation must be one of {FORMULATIONS}, got {self.formulation!r}")
+        if self.n_estimators < 1 or self.max_depth < 1:
+            raise ValueError("n_estimators and max_depth must be >= 1")
+
+    def with_(self, **kw) -> "TrainConfig":
+        return replace(self, **kw)
+
+    def xgb_params(self) -> dict:
+        p = {"eta": self.learning_rate, "max_depth": self.max_depth, "subsample": self.subsample,
+             "colsample_bytree": self.colsample_bytree, "min_child_weight": self.min_child_weight,
+             "lambda": self.reg_lambda, "max_bin": self.max_bin, "nthread": self.n_jobs, "seed": self.seed,
+             "tree_method": "hist"}
+        if self.formulation == "rank":
+            p.update(objective="rank:pairwise", lambdarank_pair_method="topk", lambdarank_num_pair_per_sample=8)
+        else:
+            p.update(objective="reg:squarederror")
+        return p
+
+
+def training_rows(df, stable_only: bool = True):
+    """Rows a model may learn from: timed ok rows (and stable ones only, by default)."""
+    keep = (df["status"] == "ok") & df["p50_us"].notna() & (df["p50_us"] > 0)
+    if stable_only:
+        keep &= df["stable"].astype(bool)
+    return df[keep]
+
+
+def shape_ids(df) -> np.ndarray:
+    """An integer id per distinct shape (SHAPE_COLS), in order of first appearance."""
+    import pandas as pd
+
+    return pd.MultiIndex.from_frame(df[SHAPE_COLS].astype(str)).factorize()[0]
+
+
+def targets(df, formulation: str) -> np.ndarray:
+    """The regression target or ranking label of each row for a formulation."""
+    lat = df["p50_us"].to_numpy(dtype=np.float64)
+    if formulation == "log_latency":
+        return np.log2(lat)
+    sid = shape_ids(df)
+    best = np.full(sid.max() + 1, np.inf)
+    np.minimum.at(best, sid, lat)
+    slow = lat / best[sid]
+    if formulation == "normalized":
+        return np.log2(slow)
+    return np.clip(RANK_GRADES - np.floor(np.log(slow) / np.log(RANK_STEP)), 0, RANK_GRADES)
+
+
+class CostModel:
+    """Gradient-boosted latency model over the feature registry."""
+
+    def __init__(self, config: TrainConfig | None = None):
+        self.config = config or TrainConfig()
+
+    def fit(self, df, progress=None) -> "CostModel":
+        """Train on a dataset frame (gemm_costmodel.dataset schema). Returns self."""
+        import xgboost as xgb
+
+        rows = training_rows(df, self.config.stable_only)
+        if len(rows) == 0:
+            raise ValueError("no trainable rows (status ok, timed, stable)")
+        if self.config.formulation != "log_latency":
+            # Relative targets need each query's rows together and at least two candidates.
+            rows = rows.assign(_sid=shape_ids(rows)).sort_values("_sid", kind="stable")
+            sizes = rows.groupby("_sid").size()
+            rows = rows[rows["_sid"].isin(sizes.index[sizes >= 2])]
+        X = F.from_frame(rows, hardware.spec_for)
+        y = targets(rows, self.config.formulation)
+        dm = xgb.DMatrix(X, label=y)
+        if self.config.formulation == "rank":
+            dm.set_group(rows.groupby("_sid", sort=True).size().to_numpy())
+        callbacks = [progress] if progress is not None else None
+        self.booster_ = xgb.train(self.config.xgb_params(), dm, num_boost_round=self.config.n_estimators,
+                                  callbacks=callbacks)
+        self.feature_names_ = F.FEATURE_NAMES
+        self.schema_hash_ = F.schema_hash()
+        self.n_rows_ = int(len(rows))
+        self.n_shapes_ = int(len(np.unique(shape_ids(rows))))
+        return self
+
+    def score(self, X: np.ndarray) -> np.ndarray:
+        """Lower = predicted faster. For log_latency, the predicted log2 latency in us."""
+        import xgboost as xgb
+
+        margin = self.booster_.predict(xgb.DMatrix(np.asarray(X, dtype=np.float32)), output_margin=True)
+        return -margin if self.config.formulation == "rank" else margin
+
+    def score_frame(self, df) -> np.ndarray:
+        """Scores of the rows of a dataset frame."""
+        return self.score(F.from_frame(df, hardware.spec_for))
+
+    def params(self) -> dict:
+        """The hyperparameters, for manifests."""
+        return asdict(self.config)
