@@ -1,4 +1,5 @@
-"""`costmodel` command line: benchmark sweeps and their summaries."""
+"""`costmodel` command line: benchmark sweeps, the dataset, and the cost model
+(train, evaluate, export; `run` does all three on the shipped data)."""
 from __future__ import annotations
 
 import argparse
@@ -184,6 +185,159 @@ def cmd_import(args) -> int:
     return 0
 
 
+# -- cost model -----------------------------------------------------------------
+
+def _train_config(args):
+    from gemm_costmodel.model import TrainConfig
+
+    return TrainConfig(formulation=args.formulation, n_estimators=args.trees, max_depth=args.depth,
+                       learning_rate=args.eta, n_jobs=args.jobs, seed=args.seed)
+
+
+def _load_frame(args):
+    from gemm_costmodel.pipeline import load_training_frame
+
+    return load_training_frame(args.data or None, root=args.root, dtypes=args.dtype, arch=args.arch,
+                               gpus=args.gpu)
+
+
+def _save_booster(model, df, path: str) -> None:
+    from gemm_costmodel.export import data_hash
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    model.booster_.save_model(path)
+    side = {"config": model.params(), "n_rows": model.n_rows_, "n_shapes": model.n_shapes_,
+            "schema_hash": model.schema_hash_, "dtypes": sorted(df["dtype"].unique()),
+            "gpus": sorted(df["gpu_name"].unique()), "training_data_hash": data_hash(df)}
+    with open(path + ".train.json", "w", encoding="utf-8") as fh:
+        json.dump(side, fh, indent=1)
+
+
+def cmd_train(args) -> int:
+    from gemm_costmodel import pipeline
+    from gemm_costmodel.dataset import DataError
+
+    try:
+        cfg = _train_config(args)
+        df = _load_frame(args)
+    except (DataError, OSError, ValueError) as exc:
+        return _fail(str(exc))
+    model = pipeline.train(df, cfg)
+    if args.booster:
+        _save_booster(model, df, args.booster)
+        print(f"booster: {args.booster}")
+    if not args.no_export:
+        pipeline.export_model(model, df, args.out, arch=args.arch)
+    return 0
+
+
+def cmd_export(args) -> int:
+    from gemm_costmodel import export as X
+    from gemm_costmodel.kernels.gemm_configs import generate_configs, space_hash
+    from gemm_costmodel.model import CostModel, TrainConfig
+
+    side_path = args.booster + ".train.json"
+    for p in (args.booster, side_path):
+        if not os.path.isfile(p):
+            return _fail(f"{p}: no such file (write it with `costmodel train --booster {args.booster}`)")
+    try:
+        import xgboost as xgb
+
+        with open(side_path, encoding="utf-8") as fh:
+            side = json.load(fh)
+        model = CostModel(TrainConfig(**side["config"]))
+        model.booster_ = xgb.Booster()
+        model.booster_.load_model(args.booster)
+        model.n_rows_, model.n_shapes_ = side["n_rows"], side["n_shapes"]
+        from gemm_costmodel import features as F
+
+        if side["schema_hash"] != F.schema_hash():
+            return _fail(f"{args.booster}: feature schema {side['schema_hash']} != this code's {F.schema_hash()}; retrain")
+    except (OSError, ValueError, KeyError, TypeError, xgb.core.XGBoostError) as exc:
+        return _fail(f"{args.booster}: unreadable booster: {exc}")
+    spaces = {d: space_hash(generate_configs(args.arch, d)) for d in side["dtypes"]}
+    onnx_path, man = X.export(model, args.out, "gemm", side["dtypes"], args.arch, spaces,
+                              side["training_data_hash"], gpus=side["gpus"])
+    print(f"export: {onnx_path}, manifest {man}")
+    return 0
+
+
+def _report_header(df, cfg) -> str:
+    counts = df[df["eval_shape"].astype(bool)].drop_duplicates(["gpu_name", "dtype", "m", "n", "k"])
+    c = counts.groupby(["gpu_name", "dtype"]).size()
+    lines = [f"Model: {cfg.formulation}, {cfg.n_estimators} trees of depth {cfg.max_depth}, eta "
+             f"{cfg.learning_rate}, seed {cfg.seed}; trained on stable ok rows only.",
+             "Evaluation shapes: " + ", ".join(f"{g} {d}: {n}" for (g, d), n in c.items()) + ".\n"]
+    return "\n".join(lines) + "\n"
+
+
+def cmd_evaluate(args) -> int:
+    from gemm_costmodel import pipeline, report
+    from gemm_costmodel.dataset import DataError
+
+    try:
+        cfg = _train_config(args)
+        df = _load_frame(args)
+    except (DataError, OSError, ValueError) as exc:
+        return _fail(str(exc))
+    if not df["eval_shape"].astype(bool).any():
+        return _fail("no evaluation shapes in the data: evaluation needs shapes measured with --mode all")
+    comparison = None
+    if args.compare:
+        comparison = pipeline.compare(df, cfg)
+        if args.select:
+            best = pipeline.select_best(comparison)
+            print(f"evaluate: best on validation: {best}")
+            cfg = cfg.with_(**best)
+    res = pipeline.evaluate(df, cfg, schemes=args.schemes)
+    fam, rows = res.get("family", (None, None))
+    nk = res.get("nk", (None, None))[0]
+    path = report.write_report(args.report, fam if fam is not None else nk, nk if fam is not None else None,
+                               rows if cfg.formulation == "log_latency" else None, comparison,
+                               header=_report_header(df, cfg))
+    from gemm_costmodel.evaluate import metrics_table
+
+    m = metrics_table(fam if fam is not None else nk, by=["gpu_name", "dtype"])
+    cols = ["method", "gpu_name", "dtype", "shapes", "match_2pct", "geomean_slowdown", "p99_slowdown",
+            "top8_bench_slowdown"]
+    from gemm_costmodel.benchmarks.summary import markdown_table
+
+    print(markdown_table(report._fmt(m[cols])))
+    print(f"report: {path}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    """The main job: held-out evaluation + report, then the final model, exported."""
+    rc = cmd_evaluate(args)
+    if rc:
+        return rc
+    return cmd_train(args)
+
+
+def _model_args(p, report: bool = False, train: bool = False) -> None:
+    p.add_argument("--data", nargs="*", help="data files (default: all parquet under --root)")
+    p.add_argument("--root", default="datasets")
+    p.add_argument("--dtype", nargs="+", default=None, choices=["bf16", "fp16", "fp8"], help="default: all")
+    p.add_argument("--gpu", nargs="+", default=None, help="only rows of these GPU names (default: all)")
+    p.add_argument("--arch", default="sm90")
+    p.add_argument("--formulation", default="log_latency", choices=["log_latency", "normalized", "rank"])
+    p.add_argument("--trees", type=int, default=300)
+    p.add_argument("--depth", type=int, default=8)
+    p.add_argument("--eta", type=float, default=0.1)
+    p.add_argument("--jobs", type=int, default=2, help="xgboost threads")
+    p.add_argument("--seed", type=int, default=0)
+    if report:
+        p.add_argument("--report", default="models/report", help="report folder")
+        p.add_argument("--schemes", nargs="+", default=["family", "nk"], choices=["family", "nk"])
+        p.add_argument("--compare", action="store_true", help="also compare formulations (slower)")
+        p.add_argument("--select", action="store_true", help="with --compare: evaluate the best one")
+    if train:
+        p.add_argument("--out", default="models", help="folder for the ONNX model and manifest")
+        p.add_argument("--booster", default="", help="also save the xgboost booster here (JSON)")
+        p.add_argument("--no-export", action="store_true")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="costmodel", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -236,6 +390,24 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--dtype", nargs="+", default=["bf16", "fp16", "fp8"])
     c.add_argument("--arch", default="sm90")
     c.set_defaults(func=cmd_configs)
+
+    t = sub.add_parser("train", help="train the cost model on benchmark data and export it to ONNX")
+    _model_args(t, train=True)
+    t.set_defaults(func=cmd_train)
+
+    e = sub.add_parser("evaluate", help="held-out evaluation against the baselines; writes a report")
+    _model_args(e, report=True)
+    e.set_defaults(func=cmd_evaluate)
+
+    x = sub.add_parser("export", help="export a saved booster (costmodel train --booster) to ONNX")
+    x.add_argument("booster")
+    x.add_argument("--out", default="models")
+    x.add_argument("--arch", default="sm90")
+    x.set_defaults(func=cmd_export)
+
+    r = sub.add_parser("run", help="main job: evaluate (report) + train + export on the shipped data")
+    _model_args(r, report=True, train=True)
+    r.set_defaults(func=cmd_run)
     return ap
 
 

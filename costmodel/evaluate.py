@@ -202,25 +202,29 @@ def nk_folds(df: pd.DataFrame, n_folds: int = 5, seed: int = 0) -> list[Fold]:
     return out
 
 
-def cross_validate(df: pd.DataFrame, config: TrainConfig, scheme: str = "family",
-                   baselines: bool = True, log: Callable[[str], None] | None = None) -> pd.DataFrame:
-    """Per-shape results of the model (and baselines) over held-out folds, long format
-    (one row per (method, shape)) with a ``fold`` column."""
+def cross_validate(df: pd.DataFrame, config: TrainConfig, scheme: str = "family", baselines: bool = True,
+                   log: Callable[[str], None] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Held-out results over the folds of ``scheme`` ('family' or 'nk').
+
+    Returns (per-shape results, long: one row per (method, shape), with a ``fold``
+    column; the model's held-out row-level scores: candidate, p50_us, score)."""
     folds = family_folds(df) if scheme == "family" else nk_folds(df)
     if not folds:
         raise ValueError("no evaluation shapes to hold out")
-    frames = []
+    frames, rows = [], []
     for i, fold in enumerate(folds):
         if log:
             log(f"[{scheme} {i + 1}/{len(folds)}] hold out {fold.name}: {fold.test['sid'].nunique()} shapes, "
                 f"train on {len(fold.train)} rows")
         model = CostModel(config).fit(fold.train)
         scores = {"model": model.score_frame(fold.test)}
+        rows.append(fold.test[["gpu_name", "dtype", "m", "n", "k", "candidate", "p50_us"]].assign(
+            score=scores["model"], fold=fold.name))
         if baselines:
             scores.update(baseline_scores(fold.test, fold.train))
         for method, sc in scores.items():
             frames.append(per_shape(fold.test, sc).assign(method=method, fold=fold.name))
-    return pd.concat(frames).reset_index(names="sid")
+    return pd.concat(frames).reset_index(names="sid"), pd.concat(rows, ignore_index=True)
 
 
 def metrics_table(results: pd.DataFrame, by: list[str] | None = None) -> pd.DataFrame:

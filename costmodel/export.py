@@ -47,9 +47,9 @@ def to_onnx(booster, n_features: int = len(F.FEATURE_NAMES)):
                            target_opset=TARGET_OPSET)
 
 
-def model_name(op: str, dtype: str, arch: str) -> str:
-    """File stem of a shipped model: <op>-<dtype>-<arch>."""
-    return f"{op}-{dtype}-{arch}"
+def model_name(op: str, arch: str) -> str:
+    """File stem of a shipped model: <op>-<arch> (its manifest lists the dtypes it serves)."""
+    return f"{op}-{arch}"
 
 
 def _versions() -> dict:
@@ -68,16 +68,16 @@ def data_hash(df) -> str:
     return hashlib.sha256("\n".join(t).encode()).hexdigest()[:16]
 
 
-def export(model, out_dir: str, op: str, dtype: str, arch: str, space_hash: str, training_data_hash: str,
-           metrics: dict | None = None, gpus: list[str] | None = None) -> tuple[str, str]:
-    """Write <out_dir>/<op>-<dtype>-<arch>.onnx and .json (the manifest); returns both paths."""
+def export(model, out_dir: str, op: str, dtypes: list[str], arch: str, space_hashes: dict[str, str],
+           training_data_hash: str, metrics: dict | None = None, gpus: list[str] | None = None) -> tuple[str, str]:
+    """Write <out_dir>/<op>-<arch>.onnx and .json (the manifest); returns both paths."""
     os.makedirs(out_dir, exist_ok=True)
-    stem = os.path.join(out_dir, model_name(op, dtype, arch))
+    stem = os.path.join(out_dir, model_name(op, arch))
     proto = to_onnx(model.booster_)
     with open(stem + ".onnx", "wb") as fh:
         fh.write(proto.SerializeToString())
     manifest = {
-        "op": op, "dtype": dtype, "arch": arch,
+        "op": op, "dtypes": sorted(dtypes), "arch": arch,
         "formulation": model.config.formulation,
         # Runtime score = score_sign * onnx output; lower = faster.
         "score_sign": -1.0 if model.config.formulation == "rank" else 1.0,
@@ -85,7 +85,7 @@ def export(model, out_dir: str, op: str, dtype: str, arch: str, space_hash: str,
         "input_name": INPUT_NAME,
         "feature_schema_hash": F.schema_hash(),
         "feature_names": list(F.FEATURE_NAMES),
-        "config_space_hash": space_hash,
+        "config_space_hash": dict(space_hashes),
         "training_data_hash": training_data_hash,
         "training_rows": model.n_rows_, "training_shapes": model.n_shapes_,
         "training_gpus": sorted(gpus or []),

@@ -1,0 +1,142 @@
+"""Train, evaluate and export on benchmark data: what `costmodel train/evaluate/export`
+and the README's main job run.
+
+One model per (op, arch) is trained on every dtype and GPU of that arch (dtype and
+the GPU's numbers are features, so fp16/fp8 borrow strength from bf16); its
+manifest lists the dtypes it serves, and the runtime looks models up by
+(op, dtype, arch) through that list.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from gemm_costmodel import dataset as D
+from gemm_costmodel import evaluate as E
+from gemm_costmodel.model import CostModel, TrainConfig
+
+Log = Callable[[str], None]
+
+
+def _print(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def load_training_frame(paths=None, root: str = "datasets", dtypes=None, arch: str = "sm90",
+                        gpus=None) -> pd.DataFrame:
+    """Dense-GEMM harness rows of one arch (optionally some dtypes / GPUs), validated. Raises DataError."""
+    df = D.load_dataset(paths, root=root)
+    keep = (df["op"] == "gemm") & (df["source"] == "harness") & (df["arch"].astype(str) == arch)
+    if dtypes:
+        keep &= df["dtype"].astype(str).isin(list(dtypes))
+    if gpus:
+        keep &= df["gpu_name"].astype(str).isin(list(gpus))
+    out = df[keep]
+    if out.empty:
+        raise D.DataError(f"no dense GEMM harness rows for arch {arch}"
+                          + (f", dtypes {', '.join(dtypes)}" if dtypes else "")
+                          + (f", GPUs {', '.join(gpus)}" if gpus else ""))
+    if not (out["status"] == "ok").any():
+        raise D.DataError("no row with status 'ok' to learn from")
+    # Categories of filtered-out values would linger in groupbys and tables.
+    return out.assign(**{c: out[c].astype(str) for c in ("dtype", "gpu_name", "variant", "family")}).reset_index(drop=True)
+
+
+def train(df: pd.DataFrame, config: TrainConfig, log: Log = _print) -> CostModel:
+    """The final model on all rows."""
+    t0 = time.perf_counter()
+    log(f"train: {config.formulation}, {config.n_estimators} trees of depth {config.max_depth} on "
+        f"{len(df)} rows ({df[['gpu_name', 'dtype', 'm', 'n', 'k']].drop_duplicates().shape[0]} shapes)")
+    model = CostModel(config).fit(df, progress=_Progress(config.n_estimators, log))
+    log(f"train: done in {time.perf_counter() - t0:.1f} s ({model.n_rows_} rows used)")
+    return model
+
+
+class _Progress:
+    """xgboost callback: a line every 10% of the rounds."""
+
+    def __new__(cls, total: int, log: Log):
+        import xgboost as xgb
+
+        class _CB(xgb.callback.TrainingCallback):
+            def __init__(self):
+                super().__init__()
+                self.t0 = time.perf_counter()
+
+            def after_iteration(self, model, epoch, evals_log):
+                step = max(total // 10, 1)
+                if (epoch + 1) % step == 0 or epoch + 1 == total:
+                    log(f"  round {epoch + 1}/{total} ({time.perf_counter() - self.t0:.1f} s)")
+                return False
+
+        return _CB()
+
+
+def evaluate(df: pd.DataFrame, config: TrainConfig, schemes=("family", "nk"), log: Log = _print):
+    """Held-out results per scheme: {scheme: (per-shape results, model rows)}."""
+    out = {}
+    for scheme in schemes:
+        t0 = time.perf_counter()
+        out[scheme] = E.cross_validate(df, config, scheme=scheme, log=log)
+        log(f"evaluate: {scheme} folds done in {time.perf_counter() - t0:.1f} s")
+    return out
+
+
+COMPARE_GRID = [
+    ("log_latency", 300, 8, 0.1), ("normalized", 300, 8, 0.1), ("rank", 300, 8, 0.1),
+]
+
+
+def compare(df: pd.DataFrame, base: TrainConfig, grid=COMPARE_GRID, log: Log = _print) -> pd.DataFrame:
+    """Leave-family-out metrics of the model for each (formulation, trees, depth, eta) in grid."""
+    rows = []
+    for form, n, d, lr in grid:
+        cfg = base.with_(formulation=form, n_estimators=n, max_depth=d, learning_rate=lr)
+        t0 = time.perf_counter()
+        res, _ = E.cross_validate(df, cfg, scheme="family", baselines=False)
+        m = E.metrics_table(res, by=["gpu_name", "dtype"])
+        for r in m.to_dict("records"):
+            rows.append({"formulation": form, "trees": n, "depth": d, "eta": lr, "gpu": r["gpu_name"],
+                         "dtype": r["dtype"], "shapes": r["shapes"], "match_2pct": r["match_2pct"],
+                         "geomean_slowdown": r["geomean_slowdown"], "p99_slowdown": r["p99_slowdown"],
+                         "top8_bench_slowdown": r["top8_bench_slowdown"]})
+        log(f"compare: {form} {n}x{d} eta {lr}: {time.perf_counter() - t0:.1f} s")
+    return pd.DataFrame(rows)
+
+
+def select_best(comparison: pd.DataFrame, dtype: str = "bf16") -> dict:
+    """The grid point with the lowest geomean slowdown on `dtype` (all GPUs pooled by shape count)."""
+    c = comparison[comparison["dtype"] == dtype]
+    if c.empty:
+        c = comparison
+    w = c.assign(lg=np.log(c["geomean_slowdown"]) * c["shapes"])
+    agg = w.groupby(["formulation", "trees", "depth", "eta"]).agg(lg=("lg", "sum"), n=("shapes", "sum"))
+    best = (agg["lg"] / agg["n"]).idxmin()
+    return dict(zip(["formulation", "n_estimators", "max_depth", "learning_rate"], best))
+
+
+def export_model(model: CostModel, df: pd.DataFrame, out_dir: str, arch: str = "sm90",
+                 metrics: dict | None = None, log: Log = _print) -> tuple[str, str]:
+    """ONNX + manifest for the model, serving every dtype it was trained on."""
+    from gemm_costmodel import export as X
+    from gemm_costmodel.kernels.gemm_configs import generate_configs, space_hash
+
+    dtypes = sorted(df["dtype"].unique())
+    spaces = {d: space_hash(generate_configs(arch, d)) for d in dtypes}
+    onnx_path, man_path = X.export(model, out_dir, op="gemm", dtypes=dtypes, arch=arch, space_hashes=spaces,
+                                   training_data_hash=X.data_hash(df), metrics=metrics,
+                                   gpus=sorted(df["gpu_name"].unique()))
+    log(f"export: {onnx_path} ({os.path.getsize(onnx_path) / 1e6:.2f} MB), manifest {man_path}")
+    return onnx_path, man_path
+
+
+def model_metrics(results: pd.DataFrame) -> dict:
+    """Held-out model metrics per GPU and dtype, for the manifest."""
+    m = E.metrics_table(results[results["method"] == "model"], by=["gpu_name", "dtype"])
+    return {f"{r['gpu_name']}/{r['dtype']}": {k: (round(v, 4) if isinstance(v, float) else v)
+                                              for k, v in r.items() if k not in ("method", "gpu_name", "dtype")}
+            for r in m.to_dict("records")}

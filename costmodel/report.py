@@ -1,0 +1,174 @@
+"""The evaluation report: markdown tables and PNG plots from held-out results.
+
+Input is the long per-shape frame of ``evaluate.cross_validate`` (one row per
+(method, evaluation shape)), optionally the row-level model predictions. Output
+is a folder with ``report.md``, ``results.csv`` and the plots.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pandas as pd
+
+from gemm_costmodel.benchmarks.summary import markdown_table
+from gemm_costmodel.evaluate import METHODS, m_bucket, metrics_table
+
+HEADLINE = ["shapes", "top1_match", "match_2pct", "geomean_slowdown", "p95_slowdown", "p99_slowdown",
+            "max_slowdown", "speedup_vs_cublas"]
+TOPK_COLS = ["recall_top1", "recall_top2", "recall_top4", "recall_top8",
+             "top1_bench_slowdown", "top2_bench_slowdown", "top4_bench_slowdown", "top8_bench_slowdown"]
+
+
+def _fmt(df: pd.DataFrame) -> pd.DataFrame:
+    out = df.copy()
+    for c in out.columns:
+        if out[c].dtype.kind == "f":
+            out[c] = out[c].map(lambda v: "" if pd.isna(v) else f"{v:.3f}")
+    return out
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_cdf(results: pd.DataFrame, path: str, title: str) -> None:
+    """Slowdown-vs-oracle CDF, one line per method."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for method in [m for m in METHODS if m in set(results["method"])]:
+        s = np.sort(results.loc[results["method"] == method, "slowdown"].to_numpy())
+        ax.step(s, np.arange(1, len(s) + 1) / len(s), where="post", label=method)
+    ax.set_xscale("log")
+    ax.set_xlim(1, max(3.0, 1.05))
+    ax.set_xlabel("slowdown vs oracle (log)")
+    ax.set_ylabel("fraction of evaluation shapes")
+    ax.axvline(1.02, color="grey", lw=0.8, ls="--")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_m_buckets(results: pd.DataFrame, path: str, title: str) -> None:
+    """Match-within-2% by M bucket, bars per method."""
+    plt = _plt()
+    r = results.assign(bucket=m_bucket(results["m"]))
+    tab = r.groupby(["bucket", "method"], observed=True)["slowdown"].apply(lambda s: float(np.mean(s <= 1.02)))
+    tab = tab.unstack("method")
+    cols = [m for m in METHODS if m in tab.columns and m != "oracle"]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    w = 0.8 / max(len(cols), 1)
+    x = np.arange(len(tab.index))
+    for i, m in enumerate(cols):
+        ax.bar(x + i * w, tab[m].to_numpy(), width=w, label=m)
+    ax.set_xticks(x + 0.4 - w / 2)
+    ax.set_xticklabels([str(b) for b in tab.index])
+    ax.set_xlabel("M")
+    ax.set_ylabel("match within 2% of oracle")
+    ax.set_ylim(0, 1)
+    ax.set_title(title)
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_pred_vs_measured(rows: pd.DataFrame, path: str, title: str) -> None:
+    """Predicted vs measured latency (log-log), held-out rows of a log-latency model."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    meas = rows["p50_us"].to_numpy()
+    pred = np.exp2(rows["score"].to_numpy())
+    ax.scatter(meas, pred, s=2, alpha=0.25)
+    lo, hi = float(np.min(meas)), float(np.max(meas))
+    ax.plot([lo, hi], [lo, hi], color="k", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured p50 (us)")
+    ax.set_ylabel("predicted (us)")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_families(results: pd.DataFrame, path: str, title: str) -> None:
+    """Geomean slowdown per held-out family, bars per method."""
+    plt = _plt()
+    cols = [m for m in ("model", "cublas", "best_static", "nearest_neighbor", "heuristic") if m in set(results["method"])]
+    tab = results[results["method"].isin(cols)].groupby(["family", "method"], observed=True)["slowdown"].apply(
+        lambda s: float(np.exp(np.log(s).mean()))).unstack("method")[cols]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    w = 0.8 / len(cols)
+    x = np.arange(len(tab.index))
+    for i, m in enumerate(cols):
+        ax.bar(x + i * w, tab[m].to_numpy() - 1, bottom=1, width=w, label=m)
+    ax.set_xticks(x + 0.4 - w / 2)
+    ax.set_xticklabels(tab.index, rotation=20)
+    ax.set_ylabel("geomean slowdown vs oracle")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(out_dir: str, family: pd.DataFrame, nk: pd.DataFrame | None = None,
+                 rows: pd.DataFrame | None = None, comparison: pd.DataFrame | None = None,
+                 header: str = "", extra_sections: list[str] | None = None) -> str:
+    """Write report.md, results.csv and the plots; returns the report path."""
+    os.makedirs(out_dir, exist_ok=True)
+    L = ["# Cost model evaluation report\n", header]
+    L.append("Only evaluation shapes are scored (every feasible candidate measured: the oracle is exact). "
+             "Slowdown = latency of the picked candidate / the oracle's. `match_2pct` = picked <= 1.02x oracle. "
+             "`topK_bench_slowdown` = best measured latency among the method's top K / oracle ('model top-K "
+             "then benchmark'). Baselines (best static, nearest neighbour) are fitted on each fold's training "
+             "shapes only.\n")
+    for title, res in (("Leave-one-family-out", family), ("Leave-(N,K)-out (5 folds)", nk)):
+        if res is None or res.empty:
+            continue
+        for gpu, g in res.groupby("gpu_name", observed=True):
+            L.append(f"## {title}: {gpu}\n")
+            m = metrics_table(g, by=["dtype"])
+            L.append(markdown_table(_fmt(m[["method", "dtype", *HEADLINE]])) + "\n")
+            mod = m[m["method"].isin(["model", "best_static"])]
+            L.append("Top-k (model and best static ranking):\n\n" + markdown_table(_fmt(mod[["method", "dtype", *TOPK_COLS]])) + "\n")
+    if comparison is not None and not comparison.empty:
+        L.append("## Formulations and sizes (leave-one-family-out, model only)\n")
+        L.append(markdown_table(_fmt(comparison)) + "\n")
+    for sec in extra_sections or []:
+        L.append(sec)
+    figs = []
+    for gpu, g in family.groupby("gpu_name", observed=True):
+        tag = str(gpu).replace("NVIDIA ", "").replace(" ", "_")
+        for dtype, gd in g.groupby("dtype", observed=True):
+            name = f"cdf_{tag}_{dtype}.png"
+            plot_cdf(gd, os.path.join(out_dir, name), f"{gpu} {dtype}: slowdown CDF (held-out families)")
+            figs.append(name)
+        name = f"m_buckets_{tag}.png"
+        plot_m_buckets(g, os.path.join(out_dir, name), f"{gpu}: match within 2% by M (held-out families)")
+        figs.append(name)
+        name = f"families_{tag}.png"
+        plot_families(g, os.path.join(out_dir, name), f"{gpu}: geomean slowdown per held-out family")
+        figs.append(name)
+    if rows is not None and len(rows):
+        name = "pred_vs_measured.png"
+        plot_pred_vs_measured(rows, os.path.join(out_dir, name), "held-out rows: predicted vs measured")
+        figs.append(name)
+    L.append("## Plots\n")
+    L += [f"![{f}]({f})\n" for f in figs]
+    family.to_csv(os.path.join(out_dir, "results_family.csv"), index=False)
+    if nk is not None and not nk.empty:
+        nk.to_csv(os.path.join(out_dir, "results_nk.csv"), index=False)
+    path = os.path.join(out_dir, "report.md")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write("\n".join(L))
+    return path
