@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 import numpy as np
 
 from gemm_costmodel import features as F
+from gemm_costmodel.model import SHORTLIST_EDGES
 
 TARGET_OPSET = 15
 INPUT_NAME = "features"
@@ -89,6 +90,9 @@ def export(model, out_dir: str, op: str, dtypes: list[str], arch: str, space_has
         "training_data_hash": training_data_hash,
         "training_rows": model.n_rows_, "training_shapes": model.n_shapes_,
         "training_gpus": sorted(gpus or []),
+        # Runtime scores only these candidates (per M bucket); see model.SHORTLIST_EDGES.
+        "shortlist": ({"m_edges": list(SHORTLIST_EDGES), "buckets": {str(k): v for k, v in model.shortlist_.items()}}
+                      if getattr(model, "shortlist_", None) else None),
         "hyperparameters": model.params(),
         "metrics": metrics or {},
         "versions": _versions(),

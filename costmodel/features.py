@@ -27,6 +27,8 @@ IN_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
 OUT_BYTES = {"bf16": 2, "fp16": 2, "fp8": 2, "fp32": 4}
 PARAMS = ("block_m", "block_n", "block_k", "group_m", "split_k", "num_warps", "num_stages")
 
+_IN_B = [float(IN_BYTES[d]) for d in DTYPE_CODES]
+_OUT_B = [float(OUT_BYTES[d]) for d in DTYPE_CODES]
 # Per-row numeric inputs every feature is computed from.
 BASE_COLUMNS = ("m", "n", "k", "e", "top_k", "dtype_code", "variant_code", *PARAMS,
                 "sm_count", "smem_per_sm_kb", "l2_mb", "peak_tflops", "hbm_gbps")
@@ -53,16 +55,19 @@ class _Ctx:
     """Base columns as float64 arrays plus derived quantities shared by several features."""
 
     def __init__(self, cols: Mapping[str, np.ndarray]):
+        # Columns stay as given: a scalar (one shape, many candidates at runtime) is
+        # computed once and broadcast at the end, which halves the runtime cost.
         n = max(np.size(v) for v in cols.values())
-        g = {c: np.broadcast_to(np.asarray(cols[c], dtype=np.float64), (n,)) for c in BASE_COLUMNS}
+        self.n_rows = n
+        g = {c: np.asarray(cols[c], dtype=np.float64) for c in BASE_COLUMNS}
         self.__dict__.update(g)
         dc = g["dtype_code"].astype(np.int64)
-        self.in_b = np.choose(dc, [IN_BYTES[d] for d in DTYPE_CODES]).astype(np.float64)
-        self.out_b = np.choose(dc, [OUT_BYTES[d] for d in DTYPE_CODES]).astype(np.float64)
+        self.in_b = np.asarray(_IN_B)[dc]
+        self.out_b = np.asarray(_OUT_B)[dc]
         v = g["variant_code"].astype(np.int64)
         self.is_vendor = v == VARIANT_CODES["vendor"]
         tiled = ~self.is_vendor
-        one = np.ones(n)
+        one = np.ones(np.shape(v))
         # Vendor rows have no tile: use 1s so the arithmetic stays finite, then zero the results.
         self.bm = np.where(tiled, g["block_m"], one)
         self.bn = np.where(tiled, g["block_n"], one)
@@ -167,7 +172,10 @@ def compute(cols: Mapping[str, np.ndarray]) -> np.ndarray:
     if missing:
         raise ValueError(f"missing base column {missing[0]!r}")
     ctx = _Ctx(cols)
-    return np.stack([np.asarray(f.fn(ctx), dtype=np.float64) for f in REGISTRY], axis=1).astype(np.float32)
+    out = np.empty((ctx.n_rows, len(REGISTRY)), dtype=np.float32)
+    for j, f in enumerate(REGISTRY):
+        out[:, j] = f.fn(ctx)
+    return out
 
 
 def gpu_columns(spec: GpuSpec, dtype: str) -> dict:

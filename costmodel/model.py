@@ -24,6 +24,13 @@ SHAPE_COLS = ["gpu_name", "op", "dtype", "m", "n", "k", "e", "top_k"]
 # Grade step of the ranking labels: candidates within 3% of each other share a grade.
 RANK_STEP = 1.03
 RANK_GRADES = 30
+# Upper M edges of the shortlist buckets (the last bucket is open-ended).
+SHORTLIST_EDGES = (16, 64, 256, 1024)
+
+
+def m_bucket_index(m) -> np.ndarray:
+    """Shortlist bucket of each M: 0 for M <= 16, ..., len(SHORTLIST_EDGES) above the last edge."""
+    return np.searchsorted(np.asarray(SHORTLIST_EDGES), np.asarray(m), side="left")
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,9 @@ class TrainConfig:
     n_jobs: int = 2
     seed: int = 0
     stable_only: bool = True
+    # Candidates scored at runtime: per M bucket, those within this factor of a training
+    # shape's best (plus cuBLAS). Keeps the cold decision cheap; 0 disables the shortlist.
+    shortlist_tol: float = 1.05
 
     def __post_init__(self):
         if self.formulation not in FORMULATIONS:
@@ -119,11 +129,36 @@ class CostModel:
         callbacks = [progress] if progress is not None else None
         self.booster_ = xgb.train(self.config.xgb_params(), dm, num_boost_round=self.config.n_estimators,
                                   callbacks=callbacks)
+        self.shortlist_ = self._shortlist(training_rows(df, stable_only=False))
         self.feature_names_ = F.FEATURE_NAMES
         self.schema_hash_ = F.schema_hash()
         self.n_rows_ = int(len(rows))
         self.n_shapes_ = int(len(np.unique(shape_ids(rows))))
         return self
+
+    def _shortlist(self, rows) -> dict[int, list[str]] | None:
+        if not self.config.shortlist_tol:
+            return None
+        lat = rows["p50_us"].to_numpy(dtype=np.float64)
+        sid = shape_ids(rows)
+        best = np.full(sid.max() + 1, np.inf)
+        np.minimum.at(best, sid, lat)
+        good = rows[lat <= best[sid] * self.config.shortlist_tol]
+        b = m_bucket_index(good["m"].to_numpy())
+        out = {}
+        for i in range(len(SHORTLIST_EDGES) + 1):
+            ids = set(good["candidate"].astype(str)[b == i]) | {"cublas"}
+            out[i] = sorted(ids)
+        return out
+
+    def in_shortlist(self, df) -> np.ndarray:
+        """Whether each row's candidate is on its M bucket's shortlist (all True without one)."""
+        if not getattr(self, "shortlist_", None):
+            return np.ones(len(df), dtype=bool)
+        b = m_bucket_index(df["m"].to_numpy())
+        cand = df["candidate"].astype(str).to_numpy()
+        sets = {int(i): set(v) for i, v in self.shortlist_.items()}
+        return np.array([c in sets[int(i)] for c, i in zip(cand, b)], dtype=bool)
 
     def score(self, X: np.ndarray) -> np.ndarray:
         """Lower = predicted faster. For log_latency, the predicted log2 latency in us."""

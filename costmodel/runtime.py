@@ -1,0 +1,343 @@
+"""Runtime dispatch: pick the GEMM candidate for a problem, on the host, without a GPU sync.
+
+Precedence (documented in the README):
+1. a tuned table with an exact hit (the project's JSON, or the persisted cache of
+   unsure mode) wins;
+2. otherwise the shipped ONNX model ranks every feasible candidate in one
+   ``session.run``;
+3. with no usable model (missing, corrupt, schema-hash or arch mismatch, unknown
+   GPU), the hand heuristic of ``gemm_costmodel.heuristic`` decides. The reason is
+   warned once; the serving path never raises for a model problem.
+
+Only numpy and onnxruntime are imported here (torch only to name the current GPU
+when none is given). Decisions are cached in a thread-safe LRU keyed by the
+problem. Bad input raises ValueError naming the field.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from gemm_costmodel import features as F
+from gemm_costmodel import hardware, heuristic
+from gemm_costmodel.candidates import table as candidate_table
+
+DTYPES = ("bf16", "fp16", "fp8")
+DEFAULT_MODELS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models")
+
+
+def _models_dir() -> str:
+    """The shipped models: the installed gemm_costmodel.models package (or COSTMODEL_MODELS_DIR)."""
+    env = os.environ.get("COSTMODEL_MODELS_DIR")
+    if env:
+        return env
+    try:
+        import gemm_costmodel.models as pkg
+
+        return os.path.dirname(os.path.abspath(pkg.__file__))
+    except ImportError:  # pragma: no cover - the package always ships models/
+        return DEFAULT_MODELS_DIR
+
+
+class DispatchWarning(UserWarning):
+    """A degraded dispatch (no usable model): the reason is in the message."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A dispatch decision: the config id, who decided, and the model's latency estimate (if any)."""
+
+    candidate: str
+    source: str  # 'table', 'model' or 'heuristic'
+    predicted_us: float | None = None
+    score: float | None = None
+
+
+def check_problem(m, n, k, dtype, e=1, top_k=1) -> None:
+    """Raise ValueError naming the bad field."""
+    for name, v in (("M", m), ("N", n), ("K", k), ("E", e), ("top_k", top_k)):
+        if type(v) is not int and not isinstance(v, (np.integer,)):
+            raise ValueError(f"{name} must be an int, got {type(v).__name__} {v!r}")
+        if v < 1:
+            raise ValueError(f"{name} must be >= 1, got {v}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if top_k > e:
+        raise ValueError(f"top_k ({top_k}) must be <= E ({e})")
+
+
+def current_gpu_name() -> str | None:
+    """Name of the current CUDA device, or None without one (torch imported lazily)."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(torch.cuda.current_device())
+    except Exception:  # noqa: BLE001 - no torch or no driver: no GPU
+        pass
+    return None
+
+
+class _OnnxModel:
+    """A loaded ONNX model and its manifest; the session is created once and kept."""
+
+    def __init__(self, onnx_path: str, manifest: dict, threads: int = 1):
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(onnx_path, sess_options=so, providers=["CPUExecutionProvider"])
+        self.manifest = manifest
+        self.input_name = manifest.get("input_name", self.session.get_inputs()[0].name)
+        self.sign = float(manifest.get("score_sign", 1.0))
+        self.latency = bool(manifest.get("predicts_log2_latency_us", False))
+        self.path = onnx_path
+        sl = manifest.get("shortlist") or {}
+        self.m_edges = np.asarray(sl.get("m_edges", []), dtype=np.int64)
+        self.buckets = {int(b): frozenset(ids) for b, ids in (sl.get("buckets") or {}).items()}
+        self._masks: dict[tuple[str, int], np.ndarray] = {}
+
+    def shortlist_mask(self, ct, m: int) -> np.ndarray | None:
+        """Candidate-table mask of the shortlist of M's bucket (None: score everything)."""
+        if not self.buckets:
+            return None
+        b = int(np.searchsorted(self.m_edges, m, side="left"))
+        key = (ct.dtype, b)
+        mask = self._masks.get(key)
+        if mask is None:
+            ids = self.buckets.get(b, frozenset())
+            mask = np.array([cid in ids for cid in ct.ids], dtype=bool)
+            self._masks[key] = mask
+        return mask
+
+    def score(self, X: np.ndarray) -> np.ndarray:
+        out = self.session.run(None, {self.input_name: np.ascontiguousarray(X, dtype=np.float32)})[0]
+        return self.sign * np.asarray(out, dtype=np.float64).reshape(-1)
+
+
+def find_model(models_dir: str, op: str, dtype: str, arch: str) -> tuple[str, dict] | tuple[None, str]:
+    """(onnx path, manifest) of the model serving (op, dtype, arch), or (None, reason)."""
+    if not os.path.isdir(models_dir):
+        return None, f"model folder {models_dir} does not exist"
+    reasons = []
+    for name in sorted(os.listdir(models_dir)):
+        if not name.endswith(".json"):
+            continue
+        path = os.path.join(models_dir, name)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                man = json.load(fh)
+        except (OSError, ValueError) as exc:
+            reasons.append(f"{name}: unreadable manifest ({exc})")
+            continue
+        if not isinstance(man, dict) or man.get("op") != op or dtype not in man.get("dtypes", []):
+            continue
+        if man.get("arch") != arch:
+            reasons.append(f"{name} is for arch {man.get('arch')}, this GPU is {arch}")
+            continue
+        onnx_path = os.path.join(models_dir, name[:-5] + ".onnx")
+        if not os.path.isfile(onnx_path):
+            reasons.append(f"{name}: model file {os.path.basename(onnx_path)} is missing")
+            continue
+        return onnx_path, man
+    return None, "; ".join(reasons) or f"no {op} model for {dtype} on {arch} in {models_dir}"
+
+
+class Dispatcher:
+    """Chooses (and ranks) candidates for GEMM problems on one GPU.
+
+    gpu_name: the device name (default: the current CUDA device); it selects the
+    arch and the GPU numbers the features use. tuned_table: a path or dict of
+    exact-hit decisions ({"<dtype>:<M>x<N>x<K>": "config id"}; see ``load_tuned_table``).
+    cache_size: LRU capacity of decisions. threads: onnxruntime intra-op threads.
+    """
+
+    def __init__(self, gpu_name: str | None = None, models_dir: str | None = None, tuned_table=None,
+                 cache_size: int = 65536, threads: int = 1, op: str = "gemm"):
+        self.gpu_name = gpu_name if gpu_name is not None else (current_gpu_name() or "unknown")
+        self.models_dir = models_dir if models_dir is not None else _models_dir()
+        self.op = op
+        self.threads = threads
+        self.spec = hardware.lookup(self.gpu_name)
+        self.arch = self.spec.arch if self.spec else None
+        self._tuned: dict[tuple, str] = {}
+        if tuned_table is not None:
+            self.add_tuned_table(tuned_table)
+        self._cache: OrderedDict = OrderedDict()
+        self._cache_size = max(int(cache_size), 1)
+        self._lock = threading.Lock()
+        self._models: dict[str, _OnnxModel | None] = {}
+        self._model_lock = threading.Lock()
+        self._warned: set[str] = set()
+        self.fallback_reasons: dict[str, str] = {}
+
+    # -- model loading ----------------------------------------------------------
+    def _warn_once(self, reason: str) -> None:
+        if reason not in self._warned:
+            self._warned.add(reason)
+            warnings.warn(f"gemm_costmodel: falling back to the heuristic: {reason}", DispatchWarning, stacklevel=4)
+
+    def model_for(self, dtype: str) -> _OnnxModel | None:
+        """The loaded model serving dtype on this GPU, or None (reason in fallback_reasons)."""
+        if dtype in self._models:
+            return self._models[dtype]
+        with self._model_lock:
+            if dtype in self._models:
+                return self._models[dtype]
+            model, reason = None, ""
+            if self.spec is None:
+                reason = (f"unknown GPU {self.gpu_name!r} (describe it with gemm_costmodel.hardware.register "
+                          "or COSTMODEL_GPU_SPECS)")
+            else:
+                path, man = find_model(self.models_dir, self.op, dtype, self.arch)
+                if path is None:
+                    reason = man
+                elif man.get("feature_schema_hash") != F.schema_hash():
+                    reason = (f"{os.path.basename(path)}: feature schema hash {man.get('feature_schema_hash')} != "
+                              f"this code's {F.schema_hash()}")
+                else:
+                    try:
+                        model = _OnnxModel(path, man, self.threads)
+                        n_in = model.session.get_inputs()[0].shape[-1]
+                        if n_in not in (None, len(F.FEATURE_NAMES)) and not isinstance(n_in, str):
+                            model, reason = None, f"{os.path.basename(path)}: expects {n_in} features"
+                    except Exception as exc:  # noqa: BLE001 - any broken model file means: fall back
+                        reason = f"{os.path.basename(path)}: cannot load ({type(exc).__name__}: {str(exc)[:120]})"
+            if model is None:
+                self.fallback_reasons[dtype] = reason
+                self._warn_once(reason)
+            self._models[dtype] = model
+            return model
+
+    # -- tuned tables ----------------------------------------------------------------
+    def add_tuned_table(self, table) -> None:
+        """Add exact-hit decisions: a dict or a JSON file {"entries": {"<dtype>:<M>x<N>x<K>": id}} (or flat)."""
+        if isinstance(table, (str, os.PathLike)):
+            with open(table, encoding="utf-8") as fh:
+                table = json.load(fh)
+        entries = table.get("entries", table) if isinstance(table, dict) else {}
+        for key, cid in entries.items():
+            cid = cid["candidate"] if isinstance(cid, dict) else cid
+            try:
+                dtype, dims = key.split(":")
+                m, n, k = (int(v) for v in dims.split("x"))
+            except ValueError:
+                raise ValueError(f"tuned table key {key!r}: expected '<dtype>:<M>x<N>x<K>'") from None
+            self._tuned[(m, n, k, dtype, 1, 1)] = str(cid)
+        with getattr(self, "_lock", threading.Lock()):
+            if hasattr(self, "_cache"):
+                self._cache.clear()
+
+    # -- decisions ---------------------------------------------------------------------
+    def _feasible(self, m, n, k, dtype):
+        ct = candidate_table(self.arch or "sm90", dtype)
+        return ct, np.flatnonzero(ct.feasible_mask(m, n, k))
+
+    def _score(self, model: _OnnxModel, ct, idx, m, n, k, dtype, e, top_k) -> np.ndarray:
+        cols = {"m": m, "n": n, "k": k, "e": e, "top_k": top_k, "dtype_code": F.DTYPE_CODES[dtype],
+                "variant_code": ct.variant_code[idx], **{p: ct.params[p][idx] for p in F.PARAMS},
+                **F.gpu_columns(self.spec, dtype)}
+        return model.score(F.compute(cols))
+
+    def _decide(self, m, n, k, dtype, e, top_k, count: int) -> list[Choice]:
+        ct, idx = self._feasible(m, n, k, dtype)
+        tuned = self._tuned.get((m, n, k, dtype, e, top_k))
+        if tuned is not None and tuned in ct.index and ct.index[tuned] in set(idx.tolist()) and count == 1:
+            return [Choice(tuned, "table")]
+        model = self.model_for(dtype)
+        if model is not None:
+            try:
+                sl = model.shortlist_mask(ct, m)
+                if sl is not None and sl[idx].any():
+                    idx = idx[sl[idx]]
+                s = self._score(model, ct, idx, m, n, k, dtype, e, top_k)
+                order = np.lexsort((idx, s))[:count]
+                return [Choice(ct.ids[idx[i]], "model", float(np.exp2(s[i])) if model.latency else None,
+                               float(s[i])) for i in order]
+            except Exception as exc:  # noqa: BLE001 - the serving path never raises for a model problem
+                reason = f"model scoring failed ({type(exc).__name__}: {str(exc)[:120]})"
+                self.fallback_reasons[dtype] = reason
+                self._warn_once(reason)
+                with self._model_lock:
+                    self._models[dtype] = None
+        sm = self.spec.sm_count if self.spec else 132
+        i = heuristic.choose(m, n, k, sm, ct.candidate_dicts(idx))
+        return [Choice(ct.ids[idx[i]], "heuristic")]
+
+    def select(self, m: int, n: int, k: int, dtype: str = "bf16", e: int = 1, top_k: int = 1) -> Choice:
+        """The candidate to launch for y (M, N) = x (M, K) @ w (N, K).T. Cached; thread-safe."""
+        key = (m, n, k, dtype, e, top_k)
+        hit = self._cache.get(key)
+        # A float or bool equal to an int key would hit too: only exact ints take the fast path.
+        if hit is not None and type(m) is int and type(n) is int and type(k) is int and type(e) is int \
+                and type(top_k) is int:
+            try:
+                self._cache.move_to_end(key)  # LRU order; atomic under the GIL
+            except KeyError:  # evicted by another thread meanwhile: the answer is still valid
+                pass
+            return hit
+        check_problem(m, n, k, dtype, e, top_k)
+        key = (int(m), int(n), int(k), dtype, int(e), int(top_k))
+        choice = self._decide(*key, count=1)[0]
+        with self._lock:
+            self._cache[key] = choice
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return choice
+
+    def rank(self, m: int, n: int, k: int, dtype: str = "bf16", count: int = 8, e: int = 1, top_k: int = 1) -> list[Choice]:
+        """The model's top ``count`` feasible candidates, best first (not cached).
+        Without a usable model, the heuristic's single choice."""
+        check_problem(m, n, k, dtype, e, top_k)
+        if type(count) is not int or count < 1:
+            raise ValueError(f"count must be an int >= 1, got {count!r}")
+        return self._decide(int(m), int(n), int(k), dtype, int(e), int(top_k), count=count)
+
+    def precompute(self, nk_pairs, dtype: str = "bf16", ms=None) -> int:
+        """Fill the cache for every (N, K) in nk_pairs over an M grid (default: powers of two to 16384)."""
+        ms = list(ms) if ms is not None else [2 ** i for i in range(15)]
+        count = 0
+        for n, k in nk_pairs:
+            for m in ms:
+                self.select(int(m), int(n), int(k), dtype)
+                count += 1
+        return count
+
+    def cache_info(self) -> dict:
+        """Entries in the decision cache and its capacity."""
+        return {"entries": len(self._cache), "capacity": self._cache_size}
+
+    def clear_cache(self) -> None:
+        with self._lock:
+            self._cache.clear()
+
+
+_default: Dispatcher | None = None
+_default_lock = threading.Lock()
+
+
+def default_dispatcher() -> Dispatcher:
+    """The process-wide dispatcher for the current GPU (created on first use)."""
+    global _default
+    if _default is None:
+        with _default_lock:
+            if _default is None:
+                _default = Dispatcher()
+    return _default
+
+
+def select(m: int, n: int, k: int, dtype: str = "bf16") -> Choice:
+    """default_dispatcher().select(...)."""
+    return default_dispatcher().select(m, n, k, dtype)
+
+
+def rank(m: int, n: int, k: int, dtype: str = "bf16", count: int = 8) -> list[Choice]:
+    """default_dispatcher().rank(...)."""
+    return default_dispatcher().rank(m, n, k, dtype, count)
