@@ -227,7 +227,7 @@ def cmd_train(args) -> int:
         _save_booster(model, df, args.booster)
         print(f"booster: {args.booster}")
     if not args.no_export:
-        pipeline.export_model(model, df, args.out, arch=args.arch)
+        pipeline.export_model(model, df, args.out, arch=args.arch, metrics=getattr(args, "metrics_out", None))
     return 0
 
 
@@ -297,6 +297,10 @@ def cmd_evaluate(args) -> int:
                                header=_report_header(df, cfg))
     from gemm_costmodel.evaluate import metrics_table
 
+    if getattr(args, "metrics_out", None) is not None:
+        from gemm_costmodel.pipeline import model_metrics
+
+        args.metrics_out.update(model_metrics(fam if fam is not None else nk))
     m = metrics_table(fam if fam is not None else nk, by=["gpu_name", "dtype"])
     cols = ["method", "gpu_name", "dtype", "shapes", "match_2pct", "geomean_slowdown", "p99_slowdown",
             "top8_bench_slowdown"]
@@ -308,7 +312,9 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_run(args) -> int:
-    """The main job: held-out evaluation + report, then the final model, exported."""
+    """The main job: held-out evaluation + report, then the final model, exported
+    with the held-out metrics in its manifest."""
+    args.metrics_out = {}
     rc = cmd_evaluate(args)
     if rc:
         return rc
