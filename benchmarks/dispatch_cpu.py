@@ -1,0 +1,135 @@
+"""CPU benchmark of the runtime dispatcher (issue 5): warm overhead, cold decisions, threads.
+
+- warm: ``select`` on cached problems vs a bare dict lookup of the same keys
+  (median over repeats of loops over 1,000 varied problems);
+- cold: one decision per new problem (p50/p90 over varied shapes and dtypes),
+  with the shipped shortlist and with every feasible candidate scored;
+- concurrency: 8 threads x 10,000 mixed dispatches compared with single-threaded answers.
+
+    python -m gemm_costmodel.benchmarks.dispatch_cpu --gpu "NVIDIA H100 80GB HBM3" --out DIR
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import threading
+import time
+
+import numpy as np
+
+
+def _problems(n: int, seed: int) -> list[tuple]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        m = rng.choice([1, 2, 3, 4, 7, 8, 16, 24, 32, 48, 64, 100, 128, 256, 500, 512, 1024, 2048, 4096, 4097, 8192])
+        n_ = rng.choice([512, 896, 1024, 1536, 2048, 3072, 4096, 5120, 6144, 8192, 11008, 14336, 28672])
+        k = rng.choice([512, 896, 1024, 2048, 3584, 4096, 5120, 7168, 8192, 14336])
+        out.append((m, n_, k, rng.choice(["bf16", "bf16", "fp16", "fp8"])))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gpu", default="NVIDIA H100 80GB HBM3", help="GPU the decisions are for")
+    ap.add_argument("--models", default=None, help="model folder (default: the shipped models)")
+    ap.add_argument("--out", default="benchmarks/results/runtime")
+    ap.add_argument("--cold", type=int, default=500)
+    args = ap.parse_args(argv)
+
+    from gemm_costmodel.runtime import Dispatcher
+
+    res = {"gpu": args.gpu, "python": platform.python_version(), "machine": platform.machine(),
+           "cpus": os.cpu_count()}
+    import onnxruntime
+
+    res["onnxruntime"] = onnxruntime.__version__
+
+    # -- cold decisions --------------------------------------------------------------
+    for label, strip in (("shortlist", False), ("all_feasible", True)):
+        d = Dispatcher(gpu_name=args.gpu, models_dir=args.models)
+        for dt in ("bf16", "fp16", "fp8"):
+            model = d.model_for(dt)
+            if model is None:
+                raise SystemExit(f"no model: {d.fallback_reasons}")
+            if strip:
+                model.buckets = {}
+        d.select(4096, 4096, 4096, "bf16")  # first-use costs (session warm-up) are not per-decision costs
+        probs = list(dict.fromkeys(_problems(args.cold * 3, seed=1)))[: args.cold]
+        ts, scored = [], []
+        for p in probs:
+            t = time.perf_counter()
+            d.select(*p)
+            ts.append((time.perf_counter() - t) * 1e6)
+            ct, idx = d._feasible(p[0], p[1], p[2], p[3])
+            sl = d.model_for(p[3]).shortlist_mask(ct, p[0])
+            scored.append(int(sl[idx].sum()) if sl is not None and sl[idx].any() else len(idx))
+        res[f"cold_{label}"] = {"decisions": len(ts), "p50_us": float(np.percentile(ts, 50)),
+                                "p90_us": float(np.percentile(ts, 90)), "max_us": float(np.max(ts)),
+                                "candidates_scored_median": float(np.median(scored)),
+                                "candidates_scored_max": int(np.max(scored))}
+        print(label, res[f"cold_{label}"], flush=True)
+
+    # -- warm overhead -----------------------------------------------------------------
+    d = Dispatcher(gpu_name=args.gpu, models_dir=args.models)
+    probs = list(dict.fromkeys(_problems(3000, seed=2)))[:1000]
+    for p in probs:
+        d.select(*p)
+    bare = {(m, n, k, dt, 1, 1): "x" for m, n, k, dt in probs}
+    per_sel, per_dict = [], []
+    for _ in range(30):
+        t = time.perf_counter()
+        for m, n, k, dt in probs:
+            d.select(m, n, k, dt)
+        per_sel.append((time.perf_counter() - t) / len(probs) * 1e9)
+        t = time.perf_counter()
+        for m, n, k, dt in probs:
+            bare.get((m, n, k, dt, 1, 1))
+        per_dict.append((time.perf_counter() - t) / len(probs) * 1e9)
+    res["warm"] = {"select_ns": statistics.median(per_sel), "bare_dict_ns": statistics.median(per_dict),
+                   "overhead_ns": statistics.median(per_sel) - statistics.median(per_dict)}
+    print("warm", res["warm"], flush=True)
+
+    # -- concurrency ----------------------------------------------------------------------
+    d1 = Dispatcher(gpu_name=args.gpu, models_dir=args.models, cache_size=256)
+    mixed = _problems(10_000, seed=3)
+    expected = [d1.select(*p).candidate for p in mixed]
+    d8 = Dispatcher(gpu_name=args.gpu, models_dir=args.models, cache_size=256)  # small cache: evictions race too
+    errors, mismatches = [], [0]
+    lock = threading.Lock()
+
+    def worker(tid: int) -> None:
+        order = list(range(len(mixed)))
+        random.Random(tid).shuffle(order)
+        bad = 0
+        try:
+            for i in order:
+                if d8.select(*mixed[i]).candidate != expected[i]:
+                    bad += 1
+        except Exception as exc:  # noqa: BLE001 - counted and reported
+            errors.append(repr(exc))
+        with lock:
+            mismatches[0] += bad
+
+    t = time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    res["concurrency"] = {"threads": 8, "dispatches_per_thread": len(mixed), "errors": len(errors),
+                          "mismatches_vs_single_thread": mismatches[0], "seconds": time.perf_counter() - t,
+                          "first_error": errors[0] if errors else None}
+    print("concurrency", res["concurrency"], flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "dispatch_cpu.json"), "w", encoding="utf-8") as fh:
+        json.dump(res, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
