@@ -36,14 +36,15 @@ class GpuSpec:
 
 
 # Order matters: the first spec whose `match` is in the name wins, so the more
-# specific names (H100 PCIe, H100 NVL) come before the generic H100 (SXM).
+# specific names (H100 PCIe, H100 NVL) come before the generic H100 (SXM), and
+# GH200 before H200 (every GH200 name contains 'H200').
 _GPUS: list[GpuSpec] = [
+    GpuSpec("GH200", "GH200", "sm90", 132, 228, 60, 989, 1979, 4000),
     GpuSpec("H200", "H200", "sm90", 132, 228, 60, 989, 1979, 4800),
     GpuSpec("H20", "H20", "sm90", 78, 228, 60, 148, 296, 4000),
     GpuSpec("H100 PCIe", "H100 PCIE", "sm90", 114, 228, 50, 756, 1513, 2000),
     GpuSpec("H100 NVL", "H100 NVL", "sm90", 132, 228, 50, 835, 1671, 3900),
     GpuSpec("H100 SXM", "H100", "sm90", 132, 228, 50, 989, 1979, 3350),
-    GpuSpec("GH200", "GH200", "sm90", 132, 228, 60, 989, 1979, 4000),
     GpuSpec("A100", "A100", "sm80", 108, 164, 40, 312, 0, 2039),
     GpuSpec("L40S", "L40S", "sm89", 142, 100, 96, 362, 733, 864),
 ]

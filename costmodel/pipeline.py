@@ -17,6 +17,7 @@ import pandas as pd
 
 from gemm_costmodel import dataset as D
 from gemm_costmodel import evaluate as E
+from gemm_costmodel import hardware
 from gemm_costmodel.model import CostModel, TrainConfig
 
 Log = Callable[[str], None]
@@ -42,6 +43,11 @@ def load_training_frame(paths=None, root: str = "datasets", dtypes=None, arch: s
                           + (f", GPUs {', '.join(gpus)}" if gpus else ""))
     if not (out["status"] == "ok").any():
         raise D.DataError("no row with status 'ok' to learn from")
+    unknown = sorted(g for g in out["gpu_name"].astype(str).unique() if hardware.lookup(g) is None)
+    if unknown:
+        # The features need the GPU's numbers: fail here, with the name, rather than mid-training.
+        raise D.DataError(f"unknown GPU {unknown[0]!r} in the data: describe it with "
+                          "gemm_costmodel.hardware.register() or COSTMODEL_GPU_SPECS")
     # Categories of filtered-out values would linger in groupbys and tables.
     return out.assign(**{c: out[c].astype(str) for c in ("dtype", "gpu_name", "variant", "family")}).reset_index(drop=True)
 

@@ -1,0 +1,223 @@
+"""The cost-model commands end to end on the committed fp8 subset, and their errors on bad input."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gemm_costmodel import features as F
+from gemm_costmodel.cli import main as cli_main
+
+EVAL = "datasets/fp8/eval-fp8-shard01of40.parquet"
+TRAIN = "datasets/fp8/train-fp8-shard00of16.parquet"
+FP8 = [EVAL, TRAIN]
+# Few trees, one xgboost thread (OpenMP spins when the CPUs are shared).
+SMALL = ["--trees", "20", "--depth", "4", "--jobs", "1"]
+
+
+def quiet(argv) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli_main(argv)
+    return rc, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """`costmodel run` on the fp8 subset: (rc, report folder, model folder, stdout)."""
+    base = tmp_path_factory.mktemp("run")
+    report, models = base / "report", base / "models"
+    rc, out, err = quiet(["run", "--data", *FP8, *SMALL, "--schemes", "family", "--report", str(report),
+                          "--out", str(models)])
+    return rc, report, models, out, err
+
+
+def read_json(path):
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def table_rows(md: str) -> list[list[str]]:
+    return [[c.strip() for c in line.strip().strip("|").split("|")] for line in md.splitlines()
+            if line.startswith("|")]
+
+
+def test_run_writes_report_and_model(run_dir):
+    rc, report, models, out, err = run_dir
+    assert rc == 0, err
+    md = (report / "report.md").read_text()
+    methods = {r[0] for r in table_rows(md)}
+    assert {"model", "cublas", "oracle", "best_static", "nearest_neighbor"} <= methods
+    assert "fp8" in next(r for r in table_rows(md) if r[0] == "model")
+    assert "## Leave-one-family-out: NVIDIA H200" in md
+    pngs = [p for p in os.listdir(report) if p.endswith(".png")]
+    assert pngs and all((report / p).stat().st_size > 1000 for p in pngs)
+    for p in pngs:
+        assert f"]({p})" in md
+    assert (report / "results_family.csv").is_file()
+    assert sorted(os.listdir(models)) == ["gemm-sm90.json", "gemm-sm90.onnx"]
+    man = read_json(models / "gemm-sm90.json")
+    assert man["metrics"], "held-out metrics missing from the manifest"
+    m = man["metrics"]["NVIDIA H200/fp8"]
+    assert m["shapes"] == 18 and 1.0 <= m["geomean_slowdown"] < 3.0
+    assert man["feature_schema_hash"] == F.schema_hash() and man["dtypes"] == ["fp8"]
+    assert man["hyperparameters"]["n_estimators"] == 20 and man["hyperparameters"]["max_depth"] == 4
+    # The printed table and the report path.
+    assert "| model |" in out and f"report: {report / 'report.md'}" in out
+
+
+def test_train_booster_then_export(run_dir, tmp_path):
+    rc, _, models, _, _ = run_dir
+    assert rc == 0
+    booster = tmp_path / "b" / "b.json"
+    rc, out, err = quiet(["train", "--data", *FP8, *SMALL, "--booster", str(booster), "--no-export",
+                          "--out", str(tmp_path / "unused")])
+    assert rc == 0, err
+    assert booster.is_file() and (tmp_path / "b" / "b.json.train.json").is_file()
+    assert not (tmp_path / "unused").exists()  # --no-export
+    rc, out, err = quiet(["export", str(booster), "--out", str(tmp_path / "x")])
+    assert rc == 0, err
+    man = read_json(tmp_path / "x" / "gemm-sm90.json")
+    ref = read_json(models / "gemm-sm90.json")
+    for key in ("op", "dtypes", "arch", "formulation", "score_sign", "feature_schema_hash", "config_space_hash",
+                "training_data_hash", "training_rows", "training_shapes", "training_gpus", "hyperparameters"):
+        assert man[key] == ref[key], key
+    # Same data, same seed: the same trees, hence the same ONNX outputs.
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 16, size=(64, len(F.FEATURE_NAMES))).astype(np.float32)
+    a = ort.InferenceSession(str(tmp_path / "x" / "gemm-sm90.onnx"), providers=["CPUExecutionProvider"])
+    b = ort.InferenceSession(str(models / "gemm-sm90.onnx"), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(a.run(None, {"features": X})[0], b.run(None, {"features": X})[0])
+
+
+@pytest.mark.xfail(reason="cli.py bug: _save_booster does not save model.shortlist_, so `costmodel export` "
+                          "writes a manifest with shortlist null and the runtime scores every candidate, "
+                          "unlike the model `costmodel train` exports", raises=AssertionError, strict=False)
+def test_export_keeps_the_shortlist(run_dir, tmp_path):
+    rc, _, models, _, _ = run_dir
+    booster = tmp_path / "b.json"
+    assert quiet(["train", "--data", *FP8, *SMALL, "--booster", str(booster), "--no-export"])[0] == 0
+    assert quiet(["export", str(booster), "--out", str(tmp_path / "x")])[0] == 0
+    man = read_json(tmp_path / "x" / "gemm-sm90.json")
+    assert man["shortlist"] == read_json(models / "gemm-sm90.json")["shortlist"]
+
+
+@pytest.mark.xfail(reason="cli.py bug: with --schemes nk only, cmd_evaluate passes the (N, K) results to "
+                          "write_report as the family results, so report.md titles them 'Leave-one-family-out' "
+                          "and writes results_family.csv", raises=AssertionError, strict=False)
+def test_evaluate_nk_only_is_labelled_nk(tmp_path):
+    rc, out, err = quiet(["evaluate", "--data", *FP8, "--trees", "5", "--depth", "3", "--jobs", "1",
+                          "--schemes", "nk", "--report", str(tmp_path / "r")])
+    assert rc == 0, err
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "Leave-(N,K)-out" in md
+    assert "Leave-one-family-out" not in md
+
+
+# -- bad inputs: exit non-zero with a one-line reason -------------------------------------------
+
+@pytest.fixture(scope="module")
+def fp8_frame():
+    return pd.read_parquet(EVAL)
+
+
+def assert_one_line_error(rc, capsys, *needles):
+    assert rc != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("costmodel: error:"), err
+    for n in needles:
+        assert n in err, (n, err)
+
+
+def model_cmd(cmd, tmp_path) -> list[str]:
+    extra = {"train": ["--out", str(tmp_path / "m"), "--no-export"],
+             "evaluate": ["--report", str(tmp_path / "r")],
+             "run": ["--report", str(tmp_path / "r"), "--out", str(tmp_path / "m")]}[cmd]
+    return [cmd, *SMALL, *extra]
+
+
+@pytest.mark.parametrize("cmd", ["train", "evaluate", "run"])
+def test_missing_data_file(cmd, tmp_path, capsys):
+    missing = str(tmp_path / "nope.parquet")
+    rc = cli_main([*model_cmd(cmd, tmp_path), "--data", missing])
+    assert_one_line_error(rc, capsys, missing, "no such file")
+    assert not (tmp_path / "m").exists() and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("cmd", ["train", "evaluate", "run"])
+def test_missing_column(cmd, tmp_path, capsys, fp8_frame):
+    bad = tmp_path / "bad.parquet"
+    fp8_frame.drop(columns=["p50_us"]).to_parquet(bad, index=False)
+    rc = cli_main([*model_cmd(cmd, tmp_path), "--data", str(bad)])
+    assert_one_line_error(rc, capsys, str(bad), "missing column 'p50_us'")
+
+
+@pytest.mark.parametrize("cmd", ["train", "evaluate", "run"])
+def test_empty_data_set(cmd, tmp_path, capsys, fp8_frame):
+    empty = tmp_path / "empty.parquet"
+    fp8_frame.iloc[:0].to_parquet(empty, index=False)
+    rc = cli_main([*model_cmd(cmd, tmp_path), "--data", str(empty)])
+    assert_one_line_error(rc, capsys, str(empty), "no rows")
+
+
+def test_filters_leave_no_rows(tmp_path, capsys):
+    rc = cli_main([*model_cmd("train", tmp_path), "--data", EVAL, "--dtype", "bf16"])
+    assert_one_line_error(rc, capsys, "no dense GEMM harness rows", "bf16")
+
+
+def test_unknown_gpu_in_data(tmp_path, capsys, fp8_frame):
+    other = tmp_path / "b200.parquet"
+    fp8_frame.assign(gpu_name="NVIDIA B200").to_parquet(other, index=False)
+    rc = cli_main([*model_cmd("train", tmp_path), "--data", str(other)])
+    assert_one_line_error(rc, capsys, "unknown GPU 'NVIDIA B200'")
+
+
+@pytest.mark.parametrize("cmd", ["evaluate", "run"])
+def test_evaluate_without_evaluation_shapes(cmd, tmp_path, capsys):
+    df = pd.read_parquet(TRAIN)
+    assert not df["eval_shape"].any()
+    only_train = tmp_path / "train_only.parquet"
+    df[~df["eval_shape"]].to_parquet(only_train, index=False)
+    rc = cli_main([*model_cmd(cmd, tmp_path), "--data", str(only_train)])
+    assert_one_line_error(rc, capsys, "no evaluation shapes")
+    assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.xfail(reason="cli.py bug: cmd_evaluate does not catch the ValueError of cross_validate when no "
+                          "fold has training rows (one family only): a traceback instead of a one-line error",
+                   raises=ValueError, strict=False)
+def test_evaluate_with_nothing_to_train_a_fold_on(tmp_path, capsys, fp8_frame):
+    one = tmp_path / "one_family.parquet"
+    fp8_frame[fp8_frame["family"] == "yi-1.5"].to_parquet(one, index=False)
+    rc = cli_main([*model_cmd("evaluate", tmp_path), "--data", str(one), "--schemes", "family"])
+    assert_one_line_error(rc, capsys)
+
+
+def test_export_missing_booster(tmp_path, capsys):
+    missing = str(tmp_path / "none.json")
+    rc = cli_main(["export", missing, "--out", str(tmp_path / "x")])
+    assert_one_line_error(rc, capsys, missing, "no such file")
+    assert not (tmp_path / "x").exists()
+
+
+def test_export_corrupt_booster(tmp_path, capsys):
+    booster = tmp_path / "b.json"
+    booster.write_text("{not json")
+    (tmp_path / "b.json.train.json").write_text("{}")
+    rc = cli_main(["export", str(booster), "--out", str(tmp_path / "x")])
+    assert_one_line_error(rc, capsys, str(booster))
+
+
+def test_unknown_formulation_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["train", "--formulation", "lambdamart"])
+    assert exc.value.code != 0
+    assert "lambdamart" in capsys.readouterr().err

@@ -1,0 +1,164 @@
+"""ONNX export: parity with the booster for every formulation, the manifest, the file size."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from gemm_costmodel import evaluate as E
+from gemm_costmodel import export as X
+from gemm_costmodel import features as F
+from gemm_costmodel import hardware, pipeline
+from gemm_costmodel.candidates import table as candidate_table
+from gemm_costmodel.kernels.gemm_configs import generate_configs, space_hash
+from gemm_costmodel.model import FORMULATIONS, SHORTLIST_EDGES, CostModel, TrainConfig
+
+ort = pytest.importorskip("onnxruntime")
+xgb = pytest.importorskip("xgboost")
+
+FP8 = ["datasets/fp8/eval-fp8-shard01of40.parquet", "datasets/fp8/train-fp8-shard00of16.parquet"]
+SMALL = TrainConfig(n_estimators=20, max_depth=4, n_jobs=1)
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def fp8():
+    return pipeline.load_training_frame(FP8)
+
+
+@pytest.fixture(scope="module")
+def fp8_hash(fp8):
+    return X.data_hash(fp8)
+
+
+@pytest.fixture(scope="module")
+def exported(fp8, tmp_path_factory):
+    """formulation -> (model, onnx path, manifest)."""
+    out = {}
+    for f in FORMULATIONS:
+        model = CostModel(SMALL.with_(formulation=f)).fit(fp8)
+        d = tmp_path_factory.mktemp(f)
+        onnx_path, man_path = pipeline.export_model(model, fp8, str(d), arch="sm90", metrics={"x": {"y": 1.0}},
+                                                    log=lambda msg: None)
+        with open(man_path, encoding="utf-8") as fh:
+            out[f] = (model, onnx_path, json.load(fh))
+    return out
+
+
+def session(path):
+    return ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+
+
+def onnx_out(sess, X_) -> np.ndarray:
+    return np.asarray(sess.run(None, {X.INPUT_NAME: np.asarray(X_, dtype=np.float32)})[0]).reshape(-1)
+
+
+def random_rows(seed=0, shapes=40) -> np.ndarray:
+    """Features of random fp8 shapes x their feasible candidates, as the runtime builds them."""
+    rng = np.random.default_rng(seed)
+    ct = candidate_table("sm90", "fp8")
+    spec = hardware.spec_for("NVIDIA H200")
+    out = []
+    for i in range(shapes):
+        m = int(rng.choice([1, 2, 7, 16, 33, 100, 513, 4097])) if i % 2 else int(rng.integers(1, 20000))
+        # Half the shapes have N, K multiples of 16 (cuBLAS feasible for fp8), half do not.
+        n, k = (int(v) for v in rng.integers(1, 4000, size=2) * (16 if i % 2 else 1) + (0 if i % 2 else 1))
+        idx = np.flatnonzero(ct.feasible_mask(m, n, k))
+        cols = {"m": m, "n": n, "k": k, "e": 1, "top_k": 1, "dtype_code": F.DTYPE_CODES["fp8"],
+                "variant_code": ct.variant_code[idx], **{p: ct.params[p][idx] for p in F.PARAMS},
+                **F.gpu_columns(spec, "fp8")}
+        out.append(F.compute(cols))
+    return np.concatenate(out)
+
+
+@pytest.mark.parametrize("formulation", FORMULATIONS)
+def test_onnx_matches_booster_margin(exported, formulation):
+    model, path, _ = exported[formulation]
+    X_ = random_rows()
+    assert X_.dtype == np.float32 and len(X_) > 1000
+    got = onnx_out(session(path), X_)
+    want = model.booster_.predict(xgb.DMatrix(X_), output_margin=True)
+    np.testing.assert_allclose(got, want, rtol=TOL, atol=TOL)
+    assert np.std(want) > 0  # the model is not a constant
+
+
+@pytest.mark.parametrize("formulation", FORMULATIONS)
+def test_onnx_rankings_agree_on_evaluation_shapes(fp8, exported, formulation):
+    model, path, man = exported[formulation]
+    ev = E.eval_rows(fp8)
+    X_ = F.from_frame(ev, hardware.spec_for)
+    runtime = man["score_sign"] * onnx_out(session(path), X_).astype(np.float64)
+    train = model.score(X_).astype(np.float64)
+    np.testing.assert_allclose(runtime, train, rtol=TOL, atol=TOL)
+    cand = ev["candidate"].to_numpy()
+    for sid, g in ev.groupby("sid"):
+        i = g.index.to_numpy()
+        o_rt = i[np.lexsort((cand[i], runtime[i]))]
+        o_tr = i[np.lexsort((cand[i], train[i]))]
+        # Same order up to near-ties: walking the runtime's order, the training scores never drop by > TOL.
+        np.testing.assert_allclose(train[o_rt], train[o_tr], atol=2 * TOL)
+        # Where the winner is clear, both pick the same candidate.
+        top2 = np.sort(train[i])[:2]
+        if top2[1] - top2[0] > 1e-4:
+            assert cand[o_rt[0]] == cand[o_tr[0]], sid
+    # Same held-out metrics from either set of scores.
+    a = E.summarize(E.per_shape(ev, runtime))
+    b = E.summarize(E.per_shape(ev, train))
+    assert a["geomean_slowdown"] == pytest.approx(b["geomean_slowdown"], rel=1e-3)
+
+
+def test_as_regressor_keeps_margin(exported):
+    model = exported["rank"][0]
+    X_ = random_rows(seed=1, shapes=5)
+    reg = X.as_regressor(model.booster_)
+    np.testing.assert_array_equal(reg.predict(xgb.DMatrix(X_), output_margin=True),
+                                  model.booster_.predict(xgb.DMatrix(X_), output_margin=True))
+    assert json.loads(reg.save_raw("json"))["learner"]["objective"]["name"] == "reg:squarederror"
+
+
+@pytest.mark.parametrize("formulation", FORMULATIONS)
+def test_manifest_fields(fp8_hash, exported, formulation):
+    model, path, man = exported[formulation]
+    assert os.path.basename(path) == "gemm-sm90.onnx"
+    assert man["op"] == "gemm" and man["dtypes"] == ["fp8"] and man["arch"] == "sm90"
+    assert man["formulation"] == formulation
+    assert man["score_sign"] == (-1.0 if formulation == "rank" else 1.0)
+    assert man["predicts_log2_latency_us"] is (formulation == "log_latency")
+    assert man["input_name"] == X.INPUT_NAME == session(path).get_inputs()[0].name
+    assert session(path).get_inputs()[0].shape[-1] == len(F.FEATURE_NAMES)
+    assert man["feature_schema_hash"] == F.schema_hash()
+    assert man["feature_names"] == list(F.FEATURE_NAMES)
+    assert man["config_space_hash"] == {"fp8": space_hash(generate_configs("sm90", "fp8"))}
+    assert man["config_space_hash"]["fp8"] == candidate_table("sm90", "fp8").space_hash
+    assert man["training_data_hash"] == fp8_hash
+    assert man["training_rows"] == model.n_rows_ and man["training_shapes"] == model.n_shapes_
+    assert man["training_gpus"] == ["NVIDIA H200"]
+    assert man["shortlist"]["m_edges"] == list(SHORTLIST_EDGES)
+    assert man["shortlist"]["buckets"] == {str(k): v for k, v in model.shortlist_.items()}
+    assert all("cublas" in v for v in man["shortlist"]["buckets"].values())
+    assert man["hyperparameters"] == model.params()
+    assert man["metrics"] == {"x": {"y": 1.0}}
+    assert set(man["versions"]) >= {"xgboost", "onnxmltools", "onnx", "numpy", "python"}
+    assert man["onnx_bytes"] == os.path.getsize(path)
+    assert man["created"]
+
+
+@pytest.mark.parametrize("formulation", FORMULATIONS)
+def test_onnx_file_under_5mb(exported, formulation):
+    _, path, _ = exported[formulation]
+    assert os.path.getsize(path) < 5 * 2**20
+
+
+def test_data_hash_is_order_independent_and_sensitive(fp8):
+    part = fp8.head(500)
+    h = X.data_hash(part)
+    assert h == X.data_hash(part.sample(frac=1.0, random_state=0))
+    changed = part.copy()
+    changed.loc[changed.index[0], "p50_us"] *= 2
+    assert X.data_hash(changed) != h
+
+
+def test_model_name():
+    assert X.model_name("gemm", "sm90") == "gemm-sm90"

@@ -1,0 +1,227 @@
+"""Feature registry: names, schema hash, runtime/training parity and hand-computed values."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gemm_costmodel import features as F
+from gemm_costmodel import hardware
+from gemm_costmodel.candidates import table as candidate_table
+
+H200 = hardware.spec_for("NVIDIA H200")
+# Features that only make sense for a tiled kernel: zero on the vendor (cuBLAS) row.
+TILE_FEATURES = ("tiles_m", "tiles_n", "log2_programs", "occupancy", "waves", "tail_fraction", "wave_efficiency",
+                 "sm_fill", "pad_m", "pad_n", "pad_k", "k_iters", "m_fill", "acc_per_thread", "smem_kb",
+                 "log2_tile_flops", "log2_t_waves_us", "log2_traffic_bytes", "traffic_over_l2", "log2_t_traffic_us")
+
+
+def col(name: str) -> int:
+    return F.FEATURE_NAMES.index(name)
+
+
+def base_cols(m, n, k, variant, params: dict, dtype="fp8", spec=H200, e=1, top_k=1) -> dict:
+    """One row of base columns (scalars)."""
+    p = {q: 0 for q in F.PARAMS}
+    p.update(params)
+    return {"m": m, "n": n, "k": k, "e": e, "top_k": top_k, "dtype_code": F.DTYPE_CODES[dtype],
+            "variant_code": F.VARIANT_CODES[variant], **p, **F.gpu_columns(spec, dtype)}
+
+
+def runtime_cols(ct, idx, m, n, k, dtype="fp8", spec=H200) -> dict:
+    """The dict the runtime builds: a scalar shape and candidate arrays (runtime.Dispatcher._score)."""
+    return {"m": m, "n": n, "k": k, "e": 1, "top_k": 1, "dtype_code": F.DTYPE_CODES[dtype],
+            "variant_code": ct.variant_code[idx], **{p: ct.params[p][idx] for p in F.PARAMS},
+            **F.gpu_columns(spec, dtype)}
+
+
+def frame_for(ct, idx, m, n, k, dtype="fp8", gpu="NVIDIA H200") -> pd.DataFrame:
+    """The same (shape, candidate) rows as a dataset frame."""
+    rows = []
+    for i in idx:
+        rows.append({"m": m, "n": n, "k": k, "e": 1, "top_k": 1, "dtype": dtype, "variant": ct.variants[i],
+                     "gpu_name": gpu, **{p: int(ct.params[p][i]) for p in F.PARAMS}})
+    return pd.DataFrame(rows)
+
+
+# -- registry ----------------------------------------------------------------------
+
+def test_registry_names_unique_and_in_order():
+    names = [f.name for f in F.REGISTRY]
+    assert len(names) == len(set(names))
+    assert F.FEATURE_NAMES == tuple(names)
+    assert names[:3] == ["log2_m", "log2_n", "log2_k"]
+    # The config parameters appear in PARAMS order, contiguously.
+    i = names.index(F.PARAMS[0])
+    assert tuple(names[i:i + len(F.PARAMS)]) == F.PARAMS
+    assert all(f.doc for f in F.REGISTRY)
+    for t in TILE_FEATURES:
+        assert t in names
+
+
+def test_registering_a_duplicate_name_raises():
+    before = list(F.REGISTRY)
+    with pytest.raises(ValueError, match="registered twice"):
+        F.feature("log2_m", "dup", lambda c: c.m)
+    assert F.REGISTRY == before
+
+
+def test_schema_hash_stable_and_tracks_version(monkeypatch):
+    h = F.schema_hash()
+    assert h == F.schema_hash()
+    assert len(h) == 16 and all(c in "0123456789abcdef" for c in h)
+    monkeypatch.setattr(F, "FEATURE_VERSION", F.FEATURE_VERSION + 1)
+    assert F.schema_hash() != h
+    monkeypatch.undo()
+    assert F.schema_hash() == h
+
+
+def test_schema_hash_tracks_feature_names(monkeypatch):
+    h = F.schema_hash()
+    monkeypatch.setattr(F, "FEATURE_NAMES", F.FEATURE_NAMES[:-1])
+    assert F.schema_hash() != h
+
+
+# -- runtime vs training path ---------------------------------------------------------
+
+@pytest.mark.parametrize("m, n, k", [(1, 4096, 4096), (7, 4097, 1000), (333, 2048, 7168), (4097, 1536, 512)])
+def test_runtime_dict_equals_from_frame(m, n, k):
+    ct = candidate_table("sm90", "fp8")
+    idx = np.flatnonzero(ct.feasible_mask(m, n, k))
+    assert len(idx) > 10
+    runtime = F.compute(runtime_cols(ct, idx, m, n, k))
+    training = F.from_frame(frame_for(ct, idx, m, n, k), hardware.spec_for)
+    assert runtime.dtype == np.float32 and runtime.shape == (len(idx), len(F.FEATURE_NAMES))
+    np.testing.assert_array_equal(runtime, training)
+
+
+def test_scalar_only_input_gives_one_row():
+    X = F.compute(base_cols(64, 1024, 1024, "tiled", {"block_m": 64, "block_n": 64, "block_k": 64, "group_m": 8,
+                                                      "split_k": 1, "num_warps": 4, "num_stages": 3}))
+    assert X.shape == (1, len(F.FEATURE_NAMES))
+
+
+# -- hand-computed values ----------------------------------------------------------------
+
+def test_tiled_features_by_hand():
+    # fp8 on H200: 132 SMs, 228 KiB smem/SM, 60 MiB L2, 1979 TFLOP/s, 4800 GB/s; 1-byte inputs.
+    p = {"block_m": 16, "block_n": 64, "block_k": 128, "group_m": 8, "split_k": 1, "num_warps": 4, "num_stages": 3}
+    x = F.compute(base_cols(7, 4097, 1000, "tiled", p))[0]
+    want = {
+        "log2_m": math.log2(7), "log2_n": math.log2(4097), "log2_k": math.log2(1000),
+        "dtype_code": 2, "in_bytes": 1, "variant_code": 0, "is_vendor": 0,
+        "block_m": 16, "block_n": 64, "block_k": 128, "split_k": 1, "num_warps": 4, "num_stages": 3,
+        "sm_count": 132, "peak_tflops": 1979, "hbm_gbps": 4800,
+        "tiles_m": 1,                     # ceil(7 / 16)
+        "tiles_n": 65,                    # ceil(4097 / 64): 64 * 64 = 4096, one more
+        "k_iters": 8,                     # ceil(1000 / 128), no split
+        "log2_programs": math.log2(65),   # 1 * 65 * 1
+        # smem = 3 stages * (16 + 64) * 128 * 1 B = 30720 B = 30 KiB; floor(228 KiB / 30 KiB) = 7; warps: 64/4 = 16
+        "smem_kb": 30, "occupancy": 7,
+        "waves": 65 / (132 * 7),
+        "tail_fraction": 65 / 924,
+        "wave_efficiency": 65 / 924,      # one (partial) wave
+        "sm_fill": 65 / 132,
+        "pad_m": 1 - 7 / 16,
+        "pad_n": 1 - 4097 / 4160,
+        "pad_k": 1 - 1000 / 1024,
+        "m_fill": 7 / 16,
+        "acc_per_thread": 16 * 64 / 128,  # 8
+        "log2_tile_flops": math.log2(2 * 16 * 64 * 1024),
+        "log2_flops": math.log2(2 * 7 * 4097 * 1000),
+        # inputs once (x: 7x1000, w: 4097x1000, 1 B) + output once (7x4097, 2 B)
+        "log2_min_bytes": math.log2(7 * 1000 + 4097 * 1000 + 7 * 4097 * 2),
+        # every program loads (16 + 64) x 1024 bytes; no split-K partials
+        "log2_traffic_bytes": math.log2(65 * 80 * 1024),
+        "traffic_over_l2": 65 * 80 * 1024 / (60 * 2**20),
+    }
+    for name, v in want.items():
+        assert x[col(name)] == pytest.approx(v, rel=1e-6), name
+
+
+def test_splitk_features_by_hand():
+    p = {"block_m": 16, "block_n": 64, "block_k": 128, "group_m": 1, "split_k": 4, "num_warps": 4, "num_stages": 3}
+    x = F.compute(base_cols(7, 4097, 1000, "splitk", p))[0]
+    # 8 K tiles over 4 splits: 2 tiles (256 elements) per split; the 4 splits cover 1024 of K.
+    programs = 1 * 65 * 4
+    traffic = programs * (16 + 64) * 256 * 1 + 2 * 4 * 7 * 4097 * 4  # operands + fp32 partials written and read
+    want = {
+        "variant_code": 1, "split_k": 4,
+        "tiles_m": 1, "tiles_n": 65, "k_iters": 2,
+        "log2_programs": math.log2(260),
+        "occupancy": 7,
+        "waves": 260 / 924,
+        "tail_fraction": 260 / 924,
+        "sm_fill": 1.0,                   # 260 programs > 132 SMs
+        "pad_m": 1 - 7 / 16,
+        "pad_k": 1 - 1000 / 1024,
+        "log2_tile_flops": math.log2(2 * 16 * 64 * 256),  # = 19
+        "log2_flops": math.log2(2 * 7 * 4097 * 1000),
+        "log2_traffic_bytes": math.log2(traffic),
+        "log2_t_traffic_us": math.log2(traffic / 4800e9 * 1e6),
+    }
+    for name, v in want.items():
+        assert x[col(name)] == pytest.approx(v, rel=1e-6), name
+    assert x[col("log2_tile_flops")] == 19
+
+
+def test_vendor_row_has_zero_tile_features():
+    x = F.compute(base_cols(7, 4097, 1000, "vendor", {}))[0]
+    assert np.all(np.isfinite(x))
+    for name in TILE_FEATURES:
+        assert x[col(name)] == 0.0, name
+    assert x[col("is_vendor")] == 1.0 and x[col("variant_code")] == 3
+    for name in F.PARAMS:
+        assert x[col(name)] == 0.0, name
+    # Roofline features do not depend on the tile and are still there.
+    assert x[col("log2_flops")] == pytest.approx(math.log2(2 * 7 * 4097 * 1000), rel=1e-6)
+    t_c = 2 * 7 * 4097 * 1000 / 1979e12 * 1e6
+    t_m = (7 * 1000 + 4097 * 1000 + 7 * 4097 * 2) / 4800e9 * 1e6
+    assert x[col("log2_t_compute_us")] == pytest.approx(math.log2(t_c), rel=1e-6)
+    assert x[col("log2_t_memory_us")] == pytest.approx(math.log2(t_m), rel=1e-6)
+    assert x[col("log2_t_roofline_us")] == pytest.approx(math.log2(max(t_c, t_m)), rel=1e-6)
+
+
+def test_dtype_changes_bytes_and_peak():
+    p = {"block_m": 64, "block_n": 64, "block_k": 64, "group_m": 8, "split_k": 1, "num_warps": 4, "num_stages": 3}
+    bf = F.compute(base_cols(64, 1024, 1024, "tiled", p, dtype="bf16"))[0]
+    f8 = F.compute(base_cols(64, 1024, 1024, "tiled", p, dtype="fp8"))[0]
+    assert bf[col("in_bytes")] == 2 and f8[col("in_bytes")] == 1
+    assert bf[col("peak_tflops")] == 989 and f8[col("peak_tflops")] == 1979
+    assert bf[col("smem_kb")] == 2 * f8[col("smem_kb")]
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "bf16"])
+@pytest.mark.parametrize("m", [1, 7, 4097])
+@pytest.mark.parametrize("n, k", [(4096, 4096), (4097, 1000), (16, 16), (65536, 65536)])
+def test_weird_shapes_all_finite(m, n, k, dtype):
+    ct = candidate_table("sm90", dtype)
+    idx = np.arange(len(ct))  # every candidate, feasible or not
+    X = F.compute(runtime_cols(ct, idx, m, n, k, dtype=dtype))
+    assert np.all(np.isfinite(X))
+    feas = np.flatnonzero(ct.feasible_mask(m, n, k))
+    assert np.all(np.isfinite(F.compute(runtime_cols(ct, feas, m, n, k, dtype=dtype))))
+
+
+def test_grouped_gemm_counts_topk_rows():
+    p = {"block_m": 16, "block_n": 64, "block_k": 128, "group_m": 8, "split_k": 1, "num_warps": 4, "num_stages": 3}
+    x = F.compute(base_cols(7, 4096, 1024, "tiled", p, e=8, top_k=2))[0]
+    assert x[col("tiles_m")] == 1  # 14 rows
+    assert x[col("log2_flops")] == pytest.approx(math.log2(2 * 14 * 4096 * 1024), rel=1e-6)
+
+
+@pytest.mark.parametrize("missing", ["m", "variant_code", "hbm_gbps", "num_stages"])
+def test_missing_base_column_raises(missing):
+    cols = base_cols(7, 4097, 1000, "vendor", {})
+    del cols[missing]
+    with pytest.raises(ValueError, match=f"missing base column '{missing}'"):
+        F.compute(cols)
+
+
+def test_from_frame_unknown_gpu_raises():
+    ct = candidate_table("sm90", "fp8")
+    df = frame_for(ct, [0, 1], 7, 4096, 1024, gpu="Imaginary GPU X1")
+    with pytest.raises(ValueError, match="Imaginary GPU X1"):
+        F.from_frame(df, hardware.spec_for)

@@ -1,0 +1,201 @@
+"""The XGBoost cost model: config checks, targets by hand, fitting on the committed fp8 subset."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gemm_costmodel import features as F
+from gemm_costmodel import hardware
+from gemm_costmodel.model import (FORMULATIONS, SHORTLIST_EDGES, CostModel, TrainConfig, m_bucket_index, shape_ids,
+                                  targets, training_rows)
+from gemm_costmodel.pipeline import load_training_frame
+
+FP8 = ["datasets/fp8/eval-fp8-shard01of40.parquet", "datasets/fp8/train-fp8-shard00of16.parquet"]
+# n_jobs=1: OpenMP threads spin when the CPUs are shared, which makes 2 threads far slower than 1.
+SMALL = TrainConfig(n_estimators=20, max_depth=4, n_jobs=1)
+
+
+@pytest.fixture(scope="module")
+def fp8():
+    return load_training_frame(FP8)
+
+
+@pytest.fixture(scope="module")
+def models(fp8):
+    return {f: CostModel(SMALL.with_(formulation=f)).fit(fp8) for f in FORMULATIONS}
+
+
+# -- config ----------------------------------------------------------------------------
+
+def test_train_config_rejects_unknown_formulation():
+    with pytest.raises(ValueError, match="formulation must be one of"):
+        TrainConfig(formulation="lambdamart")
+    with pytest.raises(ValueError):
+        TrainConfig(n_estimators=0)
+    with pytest.raises(ValueError):
+        TrainConfig(max_depth=0)
+    with pytest.raises(ValueError):
+        SMALL.with_(formulation="nope")
+
+
+def test_train_config_xgb_params():
+    assert SMALL.xgb_params()["objective"] == "reg:squarederror"
+    assert SMALL.with_(formulation="normalized").xgb_params()["objective"] == "reg:squarederror"
+    p = SMALL.with_(formulation="rank").xgb_params()
+    assert p["objective"] == "rank:pairwise"
+    assert p["max_depth"] == 4 and p["nthread"] == 1 and p["seed"] == 0
+    assert SMALL.with_(seed=3).seed == 3 and SMALL.seed == 0
+
+
+def test_m_bucket_index_edges():
+    assert SHORTLIST_EDGES == (16, 64, 256, 1024)
+    np.testing.assert_array_equal(m_bucket_index([1, 16, 17, 64, 65, 256, 257, 1024, 1025, 10 ** 6]),
+                                  [0, 0, 1, 1, 2, 2, 3, 3, 4, 4])
+
+
+# -- targets by hand ------------------------------------------------------------------------
+
+def hand_frame() -> pd.DataFrame:
+    rows = []
+    # Shape S (m=16): 10, 10.5, 20, 100 us. Shape T (m=32): 4.2, 4, 8 us (best not first).
+    for m, lats in ((16, [10.0, 10.5, 20.0, 100.0]), (32, [4.2, 4.0, 8.0])):
+        for i, lat in enumerate(lats):
+            rows.append({"gpu_name": "NVIDIA H200", "op": "gemm", "dtype": "fp8", "m": m, "n": 1024, "k": 1024,
+                         "e": 1, "top_k": 1, "candidate": f"c{i}", "p50_us": lat, "status": "ok", "stable": True})
+    return pd.DataFrame(rows)
+
+
+def test_shape_ids_in_order_of_appearance():
+    np.testing.assert_array_equal(shape_ids(hand_frame()), [0, 0, 0, 0, 1, 1, 1])
+
+
+def test_targets_log_latency():
+    np.testing.assert_allclose(targets(hand_frame(), "log_latency"),
+                               np.log2([10.0, 10.5, 20.0, 100.0, 4.2, 4.0, 8.0]))
+
+
+def test_targets_normalized():
+    # latency / best of its shape: S best 10, T best 4.
+    np.testing.assert_allclose(targets(hand_frame(), "normalized"),
+                               [0.0, math.log2(1.05), 1.0, math.log2(10.0), math.log2(1.05), 0.0, 1.0], atol=1e-12)
+
+
+def test_targets_rank_grades():
+    # grade = clip(30 - floor(ln(slowdown) / ln(1.03)), 0, 30):
+    #   1.00 -> 30; 1.05 -> ln 1.05 / ln 1.03 = 1.65 -> 29; 2 -> 23.45 -> 7; 10 -> 77.9 -> clipped to 0.
+    np.testing.assert_array_equal(targets(hand_frame(), "rank"), [30, 29, 7, 0, 29, 30, 7])
+
+
+def test_training_rows_filters():
+    df = hand_frame()
+    df.loc[1, "stable"] = False
+    df.loc[2, "status"] = "crash"
+    df.loc[3, "p50_us"] = np.nan
+    assert list(training_rows(df).index) == [0, 4, 5, 6]
+    assert list(training_rows(df, stable_only=False).index) == [0, 1, 4, 5, 6]
+
+
+# -- fitting -------------------------------------------------------------------------------
+
+def test_fit_returns_self_and_sets_state(fp8):
+    model = CostModel(SMALL)
+    assert model.fit(fp8) is model
+    assert model.booster_.num_boosted_rounds() == 20
+    assert model.feature_names_ == F.FEATURE_NAMES
+    assert model.schema_hash_ == F.schema_hash()
+    assert model.n_rows_ == int((fp8["status"] == "ok").sum() - (~fp8["stable"]).sum())
+    assert model.n_shapes_ == fp8.drop_duplicates(["m", "n", "k"]).shape[0]
+    assert model.params()["n_estimators"] == 20
+
+
+def test_shortlist_has_cublas_and_each_shapes_best(fp8, models):
+    model = models["log_latency"]
+    sl = model.shortlist_
+    assert sorted(sl) == list(range(len(SHORTLIST_EDGES) + 1))
+    for ids in sl.values():
+        assert "cublas" in ids and ids == sorted(ids)
+    best = fp8.loc[fp8.groupby(["m", "n", "k"])["p50_us"].idxmin()]
+    for m, cand in zip(best["m"], best["candidate"]):
+        assert cand in sl[int(m_bucket_index(m))], (m, cand)
+    keep = model.in_shortlist(fp8)
+    assert keep.dtype == bool and len(keep) == len(fp8) and 0 < keep.sum() < len(fp8)
+    assert keep[(fp8["candidate"] == "cublas").to_numpy()].all()
+
+
+def test_shortlist_disabled(fp8):
+    model = CostModel(SMALL.with_(shortlist_tol=0, n_estimators=2)).fit(fp8)
+    assert model.shortlist_ is None
+    assert model.in_shortlist(fp8).all()
+
+
+def test_unstable_and_failed_rows_are_not_trained_on(fp8):
+    base = CostModel(SMALL.with_(n_estimators=2)).fit(fp8)
+    df = fp8.copy()
+    shape = (df["m"] == 128) & (df["n"] == 3584) & (df["k"] == 5120)
+    crash = df.index[~shape][:10]
+    df.loc[shape, "stable"] = False
+    df["status"] = df["status"].astype(str)
+    df.loc[crash, "status"] = "crash"
+    model = CostModel(SMALL.with_(n_estimators=2)).fit(df)
+    lost = int((shape & fp8["stable"]).sum() + fp8.loc[crash, "stable"].sum())
+    assert lost > 0 and model.n_rows_ == base.n_rows_ - lost
+    assert model.n_shapes_ == base.n_shapes_ - 1
+    # Without stable_only the unstable rows are used.
+    loose = CostModel(SMALL.with_(n_estimators=2, stable_only=False)).fit(df)
+    assert loose.n_rows_ == len(df) - len(crash)
+
+
+def test_relative_formulations_drop_single_row_shapes(fp8):
+    df = fp8.copy()
+    # A shape left with one stable row has nothing to compare against.
+    shape = (df["m"] == 128) & (df["n"] == 3584) & (df["k"] == 5120)
+    df.loc[shape, "stable"] = False
+    df.loc[df.index[shape][0], "stable"] = True
+    n_log = CostModel(SMALL.with_(n_estimators=2)).fit(df).n_rows_
+    n_rel = CostModel(SMALL.with_(n_estimators=2, formulation="normalized")).fit(df).n_rows_
+    assert n_rel == n_log - 1
+
+
+def test_same_seed_same_scores(fp8, models):
+    again = CostModel(SMALL).fit(fp8)
+    a, b = models["log_latency"].score_frame(fp8), again.score_frame(fp8)
+    np.testing.assert_array_equal(a, b)
+    other = CostModel(SMALL.with_(seed=1)).fit(fp8)
+    assert not np.array_equal(a, other.score_frame(fp8))
+
+
+@pytest.mark.parametrize("formulation", FORMULATIONS)
+def test_every_formulation_fits_and_ranks(fp8, models, formulation):
+    model = models[formulation]
+    s = model.score_frame(fp8)
+    assert s.shape == (len(fp8),) and np.all(np.isfinite(s))
+    np.testing.assert_array_equal(s, model.score(F.from_frame(fp8, hardware.spec_for)))
+    # Lower score = faster: within shapes, score and latency agree on the training data.
+    t = fp8[["m", "n", "k", "p50_us"]].assign(s=s)
+    rho = t.groupby(["m", "n", "k"]).apply(lambda g: g["s"].corr(g["p50_us"], method="spearman"),
+                                            include_groups=False)
+    assert rho.mean() > 0.3, rho.describe()
+    if formulation == "log_latency":
+        # Scores are log2 latencies: close to the truth on the training data.
+        assert np.median(np.abs(s - np.log2(fp8["p50_us"]))) < 0.5
+
+
+def test_rank_score_is_negated_margin(fp8, models):
+    import xgboost as xgb
+
+    model = models["rank"]
+    X = F.from_frame(fp8.head(50), hardware.spec_for)
+    margin = model.booster_.predict(xgb.DMatrix(X), output_margin=True)
+    np.testing.assert_array_equal(model.score(X), -margin)
+
+
+def test_no_trainable_rows_raises(fp8):
+    df = fp8.assign(stable=False)
+    with pytest.raises(ValueError, match="no trainable rows"):
+        CostModel(SMALL).fit(df)
+    df = fp8.assign(status="crash")
+    with pytest.raises(ValueError, match="no trainable rows"):
+        CostModel(SMALL).fit(df)
