@@ -255,11 +255,11 @@ class Dispatcher:
         if model is not None:
             try:
                 sl = model.shortlist_mask(ct, m)
-                if sl is not None and sl[idx].any():
-                    idx = idx[sl[idx]]
-                s = self._score(model, ct, idx, m, n, k, dtype, e, top_k)
-                order = np.lexsort((idx, s))[:count]
-                return [Choice(ct.ids[idx[i]], "model", float(np.exp2(s[i])) if model.latency else None,
+                # The shortlist narrows what the model scores, not what the heuristic sees on a failure.
+                scored = idx[sl[idx]] if sl is not None and sl[idx].any() else idx
+                s = self._score(model, ct, scored, m, n, k, dtype, e, top_k)
+                order = np.lexsort((scored, s))[:count]
+                return [Choice(ct.ids[scored[i]], "model", float(np.exp2(s[i])) if model.latency else None,
                                float(s[i])) for i in order]
             except Exception as exc:  # noqa: BLE001 - the serving path never raises for a model problem
                 reason = f"model scoring failed ({type(exc).__name__}: {str(exc)[:120]})"
@@ -274,7 +274,10 @@ class Dispatcher:
     def select(self, m: int, n: int, k: int, dtype: str = "bf16", e: int = 1, top_k: int = 1) -> Choice:
         """The candidate to launch for y (M, N) = x (M, K) @ w (N, K).T. Cached; thread-safe."""
         key = (m, n, k, dtype, e, top_k)
-        hit = self._cache.get(key)
+        try:
+            hit = self._cache.get(key)
+        except TypeError:  # an unhashable argument: check_problem names it below
+            hit = None
         # A float or bool equal to an int key would hit too: only exact ints take the fast path.
         if hit is not None and type(m) is int and type(n) is int and type(k) is int and type(e) is int \
                 and type(top_k) is int:
@@ -284,6 +287,12 @@ class Dispatcher:
                 pass
             return hit
         check_problem(m, n, k, dtype, e, top_k)
+        if hit is not None:  # numpy ints equal to a cached key: valid now that they are checked
+            try:
+                self._cache.move_to_end(key)
+            except KeyError:
+                pass
+            return hit
         key = (int(m), int(n), int(k), dtype, int(e), int(top_k))
         choice = self._decide(*key, count=1)[0]
         with self._lock:

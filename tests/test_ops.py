@@ -1,0 +1,183 @@
+"""The convenience ops on CPU tensors through the Triton interpreter (fp16: the ops serve
+bf16/fp16/fp8, and the interpreter's bf16 tl.dot is broken): dispatch + launch,
+torch.compile, operand validation, and unsure mode with a fake benchmark."""
+import json
+
+import pytest
+import torch
+
+from gemm_costmodel import ops
+from gemm_costmodel.kernels import gemm as K
+from gemm_costmodel.runtime import Choice, Dispatcher
+
+from test_runtime import GPU, tiny_model_dir
+
+
+@pytest.fixture(scope="module")
+def disp(tmp_path_factory):
+    return Dispatcher(gpu_name=GPU, models_dir=tiny_model_dir(tmp_path_factory))
+
+
+@pytest.fixture(autouse=True)
+def _ops_dispatcher(disp):
+    ops.set_dispatcher(disp)
+    yield
+    ops.disable_unsure_mode()
+    ops.set_dispatcher(None)
+
+
+def _operands(m, n, k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn((m, k), generator=g).to(torch.float16)
+    w = torch.randn((n, k), generator=g).to(torch.float16)
+    return x, w
+
+
+def _rel_err(y, x, w):
+    ref = x.float() @ w.float().T
+    return float(torch.linalg.norm(y.float() - ref) / torch.linalg.norm(ref))
+
+
+SHAPES = [(1, 33, 65), (7, 40, 100), (17, 64, 64), (65, 48, 32)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_gemm_matches_reference(disp, shape):
+    m, n, k = shape
+    x, w = _operands(m, n, k)
+    assert ops.dispatcher() is disp
+    cid = ops.choose(x, w)
+    assert cid == disp.select(m, n, k, "fp16").candidate
+    assert disp.select(m, n, k, "fp16").source == "model"
+    y = ops.gemm(x, w)
+    assert y.shape == (m, n) and y.dtype == torch.float16
+    assert _rel_err(y, x, w) < 2e-3, cid
+
+
+@pytest.mark.parametrize("shape,cid", [
+    ((1, 33, 65), "splitk_m16n32k64_s2_w4s3"),
+    ((7, 40, 100), "tiled_m16n32k64_g8_w4s4"),
+    ((17, 64, 64), "persistent_m64n64k64_g8_w4s3"),
+    ((65, 48, 32), "tiled_m64n64k64_g8_w4s3"),
+], ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else v)
+def test_gemm_launches_the_dispatched_triton_variant(disp, monkeypatch, shape, cid):
+    # The tiny model mostly picks cuBLAS for these small shapes; a tuned table makes the ops
+    # launch each Triton variant instead.
+    m, n, k = shape
+    d = Dispatcher(gpu_name=GPU, models_dir=disp.models_dir, tuned_table={f"fp16:{m}x{n}x{k}": cid})
+    assert d.select(m, n, k, "fp16") == Choice(cid, "table")
+    ops.set_dispatcher(d)
+    launched = []
+    real_launch = K.launch
+
+    def recording_launch(cfg, *a, **kw):
+        launched.append(cfg.id)
+        return real_launch(cfg, *a, **kw)
+
+    monkeypatch.setattr(K, "launch", recording_launch)
+    x, w = _operands(m, n, k, seed=3)
+    assert ops.choose(x, w) == cid
+    y = ops.gemm(x, w)
+    assert launched == [cid]
+    assert _rel_err(y, x, w) < 2e-3
+
+
+def test_gemm_under_torch_compile(disp):
+    x, w = _operands(7, 40, 100, seed=1)
+
+    def f(a, b):
+        return ops.gemm(a, b) * 2.0
+
+    compiled = torch.compile(f, fullgraph=True, backend="eager")
+    y = compiled(x, w)
+    assert y.shape == (7, 40)
+    assert _rel_err(y / 2.0, x, w) < 2e-3
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("case", ["noncontiguous_w", "noncontiguous_x", "k_mismatch", "dtype_mismatch", "1d_x",
+                                  "fp32"])
+def test_bad_operands_raise_value_error(case):
+    x, w = _operands(4, 8, 16)
+    if case == "noncontiguous_w":
+        w = torch.randn(16, 8).to(torch.float16).t()
+        assert w.shape == (8, 16) and not w.is_contiguous()
+        match = "w must be contiguous"
+    elif case == "noncontiguous_x":
+        x = torch.randn(16, 4).to(torch.float16).t()
+        match = "x must be contiguous"
+    elif case == "k_mismatch":
+        w = torch.randn(8, 32).to(torch.float16)
+        match = "K mismatch"
+    elif case == "dtype_mismatch":
+        w = w.float()
+        match = "dtype mismatch"
+    elif case == "1d_x":
+        x = x[0]
+        match = "2-D"
+    else:  # fp32 is the interpreter-only kernel dtype: the ops serve bf16/fp16/fp8
+        x, w = x.float(), w.float()
+        match = "dtype"
+    with pytest.raises(ValueError, match=match):
+        ops.choose(x, w)
+    with pytest.raises(ValueError, match=match):
+        ops.gemm(x, w)
+
+
+def test_unsure_mode_picks_the_fastest_of_the_top_k_and_persists_it(disp, tmp_path, monkeypatch):
+    m, n, k = 5, 48, 64
+    x, w = _operands(m, n, k, seed=2)
+    ranked = disp.rank(m, n, k, "fp16", count=3)
+    assert len(ranked) == 3
+    # Deterministic fake times by candidate: the model's third choice is the fastest.
+    fake = {c.candidate: 3.0 - i for i, c in enumerate(ranked)}
+    winner = ranked[2].candidate
+
+    launched = []
+    real_launch = K.launch
+
+    def recording_launch(cfg, *a, **kw):
+        launched.append(cfg.id)
+        return real_launch(cfg, *a, **kw)
+
+    monkeypatch.setattr(K, "launch", recording_launch)
+    benched = []
+
+    def bench(fn):
+        fn()
+        benched.append(launched[-1])
+        return fake[launched[-1]]
+
+    cache = tmp_path / "sub" / "tuned.json"
+    ops.enable_unsure_mode(k=3, cache_file=str(cache), bench=bench)
+    assert ops.choose(x, w) == winner
+    assert sorted(benched) == sorted(fake)
+    # Known shape: no more benchmarking; the op launches the winner and is correct.
+    y = ops.gemm(x, w)
+    assert launched[-1] == winner and len(benched) == 3
+    assert _rel_err(y, x, w) < 2e-3
+
+    data = json.loads(cache.read_text())
+    assert data["format"] == "gemm_costmodel.tuned/1"
+    prov = data["provenance"]
+    assert prov["gpu_name"] == GPU and prov["k"] == 3
+    assert {"torch", "git_sha", "updated"} <= set(prov)
+    entry = data["entries"][f"fp16:{m}x{n}x{k}"]
+    assert entry["candidate"] == winner and entry["ms"] == fake[winner]
+    assert entry["timed"] == fake and entry["model_top1"] == ranked[0].candidate
+
+    # A later process: the file is a tuned table, and unsure mode reloads its winners.
+    d2 = Dispatcher(gpu_name=GPU, models_dir=disp.models_dir, tuned_table=str(cache))
+    assert d2.select(m, n, k, "fp16") == Choice(winner, "table")
+
+    def no_bench(fn):
+        raise AssertionError("a persisted shape must not be benchmarked again")
+
+    ops.enable_unsure_mode(k=3, cache_file=str(cache), bench=no_bench)
+    assert ops.choose(x, w) == winner
+
+
+def test_unsure_mode_rejects_bad_k():
+    for bad in (0, 2.0, None):
+        with pytest.raises(ValueError, match="k must be"):
+            ops.enable_unsure_mode(k=bad)

@@ -1,0 +1,394 @@
+"""Runtime dispatch with a tiny model trained here: model/table/heuristic precedence, input
+validation, the fallbacks (one DispatchWarning each), the LRU cache, precompute, threads,
+and the serving path's imports.
+
+The tiny model (20 trees of depth 4 on one fp16 and one fp8 shard) serves fp16 and fp8 on
+sm90; bf16 has no model in it, so bf16 decisions come from the heuristic.
+``tiny_model_dir`` builds it once per session and is shared with test_ops and
+test_triton_adapter.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from gemm_costmodel import heuristic
+from gemm_costmodel.candidates import table
+from gemm_costmodel.kernels.gemm_configs import Problem, check_feasible, config_from_id
+from gemm_costmodel.runtime import Choice, DispatchWarning, Dispatcher
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARDS = [os.path.join(ROOT, "datasets", "fp8", "eval-fp8-shard01of40.parquet"),
+          os.path.join(ROOT, "datasets", "fp16", "eval-fp16-shard01of40.parquet")]
+GPU = "NVIDIA H100 80GB HBM3"
+_TINY: dict = {}
+
+
+def tiny_model_dir(tmp_path_factory) -> str:
+    """Folder with gemm-sm90.onnx + gemm-sm90.json of a tiny model (built once per session)."""
+    if "dir" not in _TINY:
+        for mod in ("xgboost", "onnxmltools", "onnxruntime"):
+            pytest.importorskip(mod)
+        missing = [p for p in SHARDS if not os.path.isfile(p)]
+        if missing:
+            pytest.skip(f"training shard missing: {missing[0]}")
+        from gemm_costmodel.model import CostModel, TrainConfig
+        from gemm_costmodel.pipeline import export_model, load_training_frame
+
+        df = load_training_frame(SHARDS)
+        m = CostModel(TrainConfig(n_estimators=20, max_depth=4)).fit(df)
+        out = str(tmp_path_factory.mktemp("tiny-model"))
+        export_model(m, df, out)
+        assert sorted(os.listdir(out)) == ["gemm-sm90.json", "gemm-sm90.onnx"]
+        _TINY["dir"] = out
+    return _TINY["dir"]
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    return tiny_model_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def disp(model_dir):
+    """A shared dispatcher (bf16's one fallback warning silenced)."""
+    d = Dispatcher(gpu_name=GPU, models_dir=model_dir)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DispatchWarning)
+        d.model_for("bf16")
+    return d
+
+
+def _feasible(cid, m, n, k, dtype):
+    return check_feasible(config_from_id(cid), Problem(m, n, k, dtype))[0]
+
+
+# -- the model ---------------------------------------------------------------------------
+
+SHAPES = [(1, 4096, 4096), (7, 4097, 1), (16, 14336, 4096), (1, 1, 1), (300, 1000, 777), (8192, 8192, 8192),
+          (10000, 20000, 20000)]
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "fp8"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_select_and_rank_with_the_model(disp, shape, dtype):
+    m, n, k = shape
+    c = disp.select(m, n, k, dtype)
+    assert isinstance(c, Choice)
+    assert c.source == "model"
+    assert _feasible(c.candidate, m, n, k, dtype)
+    assert c.predicted_us is not None and c.predicted_us > 0 and np.isfinite(c.predicted_us)
+    assert c.score is not None
+    r = disp.rank(m, n, k, dtype, count=5)
+    assert 1 <= len(r) <= 5
+    assert all(x.source == "model" for x in r)
+    assert [x.score for x in r] == sorted(x.score for x in r)
+    assert len({x.candidate for x in r}) == len(r)
+    assert all(_feasible(x.candidate, m, n, k, dtype) and x.predicted_us > 0 for x in r)
+    # select is the rank's first; a log2-latency model's estimate is 2**score.
+    assert r[0].candidate == c.candidate
+    assert c.predicted_us == pytest.approx(2.0 ** c.score)
+    for count in (1, 2, 3):
+        assert len(disp.rank(m, n, k, dtype, count=count)) <= count
+    assert [x.candidate for x in disp.rank(m, n, k, dtype, count=2)] == [x.candidate for x in r[:2]]
+
+
+WEIRD = [1, 2, 7, 15, 16, 17, 63, 65, 127, 129, 1000, 4095, 4096, 4097, 8191, 14336]
+
+
+def _dim(hi):
+    return st.one_of(st.integers(1, hi), st.sampled_from([w for w in WEIRD if w <= hi]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=_dim(10000), n=_dim(20000), k=_dim(20000), dtype=st.sampled_from(["fp16", "fp8", "bf16"]))
+@example(m=7, n=4097, k=1, dtype="fp8")
+@example(m=1, n=1, k=1, dtype="bf16")
+@example(m=10000, n=20000, k=7, dtype="fp16")
+def test_every_returned_candidate_is_feasible(disp, m, n, k, dtype):
+    c = disp.select(m, n, k, dtype)
+    assert c.source == ("heuristic" if dtype == "bf16" else "model")
+    assert _feasible(c.candidate, m, n, k, dtype), c
+    for x in disp.rank(m, n, k, dtype, count=4):
+        assert _feasible(x.candidate, m, n, k, dtype), x
+
+
+def test_heuristic_choice_is_the_heuristics(disp):
+    m, n, k = 16, 4096, 4096
+    c = disp.select(m, n, k, "bf16")
+    assert c == Choice("splitk_m16n64k128_s2_w4s4", "heuristic")
+    assert disp.rank(m, n, k, "bf16", count=8) == [c]
+    ct = table("sm90", "bf16")
+    idx = np.flatnonzero(ct.feasible_mask(m, n, k))
+    assert ct.ids[idx[heuristic.choose(m, n, k, 132, ct.candidate_dicts(idx))]] == c.candidate
+
+
+# -- validation ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs,field", [
+    (dict(m=0), "M"), (dict(n=-1), "N"), (dict(k=1.5), "K"), (dict(m=True), "M"), (dict(n=np.float64(64)), "N"),
+    (dict(m=None), "M"), (dict(m=[64]), "M"), (dict(k={}), "K"), (dict(dtype="int8"), "dtype"),
+    (dict(dtype=["fp16"]), "dtype"), (dict(dtype="fp32"), "dtype"), (dict(e=0), "E"),
+    (dict(top_k=0), "top_k"), (dict(top_k=3, e=2), "top_k"),
+], ids=lambda v: repr(v) if isinstance(v, dict) else v)
+def test_bad_input_raises_value_error_naming_the_field(disp, kwargs, field):
+    args = dict(m=64, n=64, k=64, dtype="fp16")
+    args.update(kwargs)
+    # A cached decision for the equal int key must not let a bool/float through.
+    disp.select(64, 64, 64, "fp16")
+    disp.select(1, 64, 64, "fp16")
+    with pytest.raises(ValueError, match=rf"^{field}\b"):
+        disp.select(**args)
+    with pytest.raises(ValueError, match=rf"^{field}\b"):
+        disp.rank(**args)
+
+
+def test_rank_count_and_numpy_ints(disp):
+    for bad in (0, -1, 2.0, None):
+        with pytest.raises(ValueError, match="count"):
+            disp.rank(64, 64, 64, "fp16", count=bad)
+    # numpy ints are ints: the same decision as Python ints, served from the same cache entry.
+    c = disp.select(5, 4096, 4096, "fp16")
+    assert disp.select(np.int64(5), np.int32(4096), np.int64(4096), "fp16") is c
+    c2 = disp.select(np.int64(6), 4096, np.int64(4096), "fp16")
+    assert disp.select(np.int64(6), 4096, 4096, "fp16") is c2
+    assert disp.select(6, 4096, 4096, "fp16") is c2
+
+
+# -- tuned tables ----------------------------------------------------------------------------
+
+def test_tuned_table_exact_hit_wins(model_dir):
+    cid = "tiled_m64n128k64_g8_w4s4"
+    d = Dispatcher(gpu_name=GPU, models_dir=model_dir, tuned_table={"entries": {"fp16:64x4096x4096": cid}})
+    assert d.select(64, 4096, 4096, "fp16") == Choice(cid, "table")
+    # Exact hits only: another M, another dtype or grouped problems go to the model.
+    assert d.select(65, 4096, 4096, "fp16").source == "model"
+    assert d.select(64, 4096, 4096, "fp8").source == "model"
+    assert d.select(64, 4096, 4096, "fp16", e=8, top_k=2).source == "model"
+    # A flat table works too, and adding one clears cached decisions.
+    assert d.select(32, 4096, 4096, "fp16").source == "model"
+    d.add_tuned_table({"fp16:32x4096x4096": "cublas"})
+    assert d.select(32, 4096, 4096, "fp16") == Choice("cublas", "table")
+
+
+def test_infeasible_or_unknown_table_entries_are_ignored(model_dir):
+    bad = "persistent_m128n128k64_g8_w8s3"  # TMA: K=1 fp16 rows are 2 bytes, not 16-byte aligned
+    assert not _feasible(bad, 7, 4097, 1, "fp16")
+    d = Dispatcher(gpu_name=GPU, models_dir=model_dir,
+                   tuned_table={"fp16:7x4097x1": bad, "fp16:8x8x8": "no_such_config",
+                                "fp32:8x8x8": "tiled_m16n32k64_g8_w4s3"})
+    c = d.select(7, 4097, 1, "fp16")
+    assert c.source == "model" and c.candidate != bad and _feasible(c.candidate, 7, 4097, 1, "fp16")
+    assert d.select(8, 8, 8, "fp16").source == "model"
+    with pytest.raises(ValueError, match="tuned table key"):
+        d.add_tuned_table({"fp16:8x8": "cublas"})
+
+
+def test_tuned_table_file_in_unsure_mode_format(model_dir, tmp_path):
+    cid = "splitk_m16n64k128_s4_w4s3"
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps({
+        "format": "gemm_costmodel.tuned/1",
+        "provenance": {"gpu_name": GPU, "torch": "x", "git_sha": "deadbeef", "updated": "2025-01-01T00:00:00+00:00",
+                       "k": 8},
+        "entries": {"fp16:16x4096x4096": {"candidate": cid, "ms": 0.01, "timed": {cid: 0.01, "cublas": 0.02},
+                                          "model_top1": "cublas"}},
+    }))
+    for table_arg in (str(path), path):
+        d = Dispatcher(gpu_name=GPU, models_dir=model_dir, tuned_table=table_arg)
+        assert d.select(16, 4096, 4096, "fp16") == Choice(cid, "table")
+        assert d.select(16, 4096, 4097, "fp16").source == "model"
+
+
+# -- fallbacks -------------------------------------------------------------------------------
+
+def _assert_one_warning(d, expect_in_reason, dtypes=("fp16", "fp8")):
+    """Many decisions (select and rank, new shapes each time) give heuristic, feasible answers and
+    exactly one DispatchWarning."""
+    rng = np.random.default_rng(0)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        for i in range(60):
+            m, n, k = (int(v) for v in rng.integers(1, 9000, size=3))
+            dtype = dtypes[i % len(dtypes)]
+            c = d.select(m, n, k, dtype)
+            assert c.source == "heuristic" and c.predicted_us is None
+            assert _feasible(c.candidate, m, n, k, dtype)
+            r = d.rank(m, n, k, dtype, count=4)
+            assert r == [c]
+    got = [w for w in rec if issubclass(w.category, DispatchWarning)]
+    assert len(got) == 1, [str(w.message) for w in got]
+    assert expect_in_reason in str(got[0].message)
+    for dtype in dtypes:
+        assert expect_in_reason in d.fallback_reasons[dtype]
+
+
+@pytest.fixture
+def model_copy(model_dir, tmp_path):
+    dst = tmp_path / "models"
+    shutil.copytree(model_dir, dst)
+    return dst
+
+
+def _edit_manifest(folder, **changes):
+    path = folder / "gemm-sm90.json"
+    man = json.loads(path.read_text())
+    man.update(changes)
+    path.write_text(json.dumps(man))
+
+
+def test_fallback_missing_model_folder(tmp_path):
+    _assert_one_warning(Dispatcher(gpu_name=GPU, models_dir=str(tmp_path / "nowhere")), "does not exist")
+
+
+def test_fallback_truncated_onnx(model_copy):
+    onnx = model_copy / "gemm-sm90.onnx"
+    data = onnx.read_bytes()
+    onnx.write_bytes(data[: len(data) // 2])
+    _assert_one_warning(Dispatcher(gpu_name=GPU, models_dir=str(model_copy)), "cannot load")
+
+
+def test_fallback_missing_onnx_file(model_copy):
+    (model_copy / "gemm-sm90.onnx").unlink()
+    _assert_one_warning(Dispatcher(gpu_name=GPU, models_dir=str(model_copy)), "is missing")
+
+
+def test_fallback_schema_hash_mismatch(model_copy):
+    _edit_manifest(model_copy, feature_schema_hash="0123456789abcdef")
+    _assert_one_warning(Dispatcher(gpu_name=GPU, models_dir=str(model_copy)), "feature schema hash")
+
+
+def test_fallback_unknown_gpu(model_dir):
+    d = Dispatcher(gpu_name="NVIDIA Foo 9000", models_dir=model_dir)
+    assert d.spec is None and d.arch is None
+    _assert_one_warning(d, "unknown GPU")
+
+
+def test_fallback_model_for_another_arch(model_copy):
+    _edit_manifest(model_copy, arch="sm100")
+    _assert_one_warning(Dispatcher(gpu_name=GPU, models_dir=str(model_copy)), "sm100")
+
+
+def test_fallback_when_scoring_fails(model_copy):
+    # The model loads, but session.run gets a wrong input name: the serving path still answers.
+    _edit_manifest(model_copy, input_name="not_the_input")
+    _assert_one_warning(Dispatcher(gpu_name=GPU, models_dir=str(model_copy)), "scoring failed")
+
+
+def test_fallback_unreadable_manifest_is_skipped(model_copy):
+    (model_copy / "aaa-broken.json").write_text("{not json")
+    d = Dispatcher(gpu_name=GPU, models_dir=str(model_copy))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DispatchWarning)
+        assert d.select(16, 4096, 4096, "fp16").source == "model"
+
+
+def test_tuned_table_still_wins_without_a_model(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DispatchWarning)
+        d = Dispatcher(gpu_name="NVIDIA Foo 9000", models_dir=str(tmp_path),
+                       tuned_table={"bf16:16x4096x4096": "cublas"})
+        assert d.select(16, 4096, 4096, "bf16") == Choice("cublas", "table")
+        assert d.select(16, 4096, 4095, "bf16").source == "heuristic"
+
+
+# -- cache -------------------------------------------------------------------------------------
+
+def test_lru_keeps_at_most_cache_size_and_evicts_least_recently_used(model_dir):
+    d = Dispatcher(gpu_name=GPU, models_dir=model_dir, cache_size=3)
+    A, B, C, D = [(m, 4096, 4096, "fp16") for m in (1, 2, 3, 4)]
+    a, b, c = d.select(*A), d.select(*B), d.select(*C)
+    assert d.cache_info() == {"entries": 3, "capacity": 3}
+    assert d.select(*A) is a  # warm: the identical cached object; A is now the most recent
+    dd = d.select(*D)  # evicts B, the least recently used
+    assert d.cache_info()["entries"] == 3
+    assert d.select(*C) is c and d.select(*A) is a
+    b2 = d.select(*B)  # recomputed (equal, but a new object); evicts D
+    assert b2 == b and b2 is not b
+    assert d.cache_info()["entries"] == 3
+    assert d.select(*C) is c and d.select(*A) is a and d.select(*B) is b2
+    d2 = d.select(*D)
+    assert d2 == dd and d2 is not dd
+    d.clear_cache()
+    assert d.cache_info()["entries"] == 0
+
+
+def test_precompute_fills_the_cache(model_dir, monkeypatch):
+    d = Dispatcher(gpu_name=GPU, models_dir=model_dir)
+    nk = [(4096, 4096), (14336, 4096), (4096, 14336)]
+    ms = [1, 7, 16, 100, 4096]
+    assert d.precompute(nk, "fp16", ms=ms) == len(nk) * len(ms)
+    assert d.cache_info()["entries"] == len(nk) * len(ms)
+
+    def no_decisions(*a, **kw):
+        raise AssertionError("precomputed shapes must be served from the cache")
+
+    monkeypatch.setattr(d, "_decide", no_decisions)
+    for n, k in nk:
+        for m in ms:
+            assert d.select(m, n, k, "fp16").source == "model"
+    # The default M grid: powers of two up to 16384.
+    d2 = Dispatcher(gpu_name=GPU, models_dir=model_dir)
+    assert d2.precompute([(4096, 4096)], "fp8") == 15
+    assert d2.cache_info()["entries"] == 15
+
+
+@pytest.mark.filterwarnings("ignore::gemm_costmodel.runtime.DispatchWarning")
+def test_threads_get_the_single_threaded_answers(model_dir):
+    rng = np.random.default_rng(1)
+    ms = [1, 2, 7, 16, 17, 64, 65, 300, 1024, 4097]
+    nks = [(4096, 4096), (4097, 7), (1, 14336), (14336, 4096), (1000, 1000)]
+    pool = [(int(m), n, k, dt) for m in ms for n, k in nks for dt in ("fp16", "fp8", "bf16")]  # 150 problems
+    ops = [("rank" if rng.random() < 0.1 else "select", pool[i]) for i in rng.integers(0, len(pool), 2000)]
+
+    ref_d = Dispatcher(gpu_name=GPU, models_dir=model_dir)
+    expected = {}
+    for op, p in set(ops):
+        expected[(op, p)] = ref_d.select(*p) if op == "select" else tuple(ref_d.rank(*p, count=3))
+
+    d = Dispatcher(gpu_name=GPU, models_dir=model_dir, cache_size=64)
+    barrier = threading.Barrier(8)
+    errors, mismatches = [], []
+
+    def work(seed):
+        order = np.random.default_rng(seed).permutation(len(ops))
+        try:
+            barrier.wait()
+            for j in order:
+                op, p = ops[j]
+                got = d.select(*p) if op == "select" else tuple(d.rank(*p, count=3))
+                if got != expected[(op, p)]:
+                    mismatches.append((op, p, got))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(repr(exc))
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # interleave the threads as often as possible
+    try:
+        threads = [threading.Thread(target=work, args=(s,)) for s in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert not errors, errors[:3]
+    assert not mismatches, mismatches[:3]
+    assert d.cache_info()["entries"] <= 64
+
+
+# -- imports -------------------------------------------------------------------------------------
+
+def test_serving_path_imports_no_training_stack():
+    code = ("import sys, gemm_costmodel.runtime, gemm_costmodel.ops, gemm_costmodel.triton_adapter; "
+            "bad=[m for m in ('xgboost','pandas','sklearn','onnxmltools') if m in sys.modules]; assert not bad, bad")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
