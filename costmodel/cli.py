@@ -208,6 +208,7 @@ def _save_booster(model, df, path: str) -> None:
     model.booster_.save_model(path)
     side = {"config": model.params(), "n_rows": model.n_rows_, "n_shapes": model.n_shapes_,
             "schema_hash": model.schema_hash_, "dtypes": sorted(df["dtype"].unique()),
+            "shortlist": {str(b): ids for b, ids in (model.shortlist_ or {}).items()},
             "gpus": sorted(df["gpu_name"].unique()), "training_data_hash": data_hash(df)}
     with open(path + ".train.json", "w", encoding="utf-8") as fh:
         json.dump(side, fh, indent=1)
@@ -249,6 +250,7 @@ def cmd_export(args) -> int:
         model.booster_ = xgb.Booster()
         model.booster_.load_model(args.booster)
         model.n_rows_, model.n_shapes_ = side["n_rows"], side["n_shapes"]
+        model.shortlist_ = {int(b): ids for b, ids in (side.get("shortlist") or {}).items()} or None
         from gemm_costmodel import features as F
 
         if side["schema_hash"] != F.schema_hash():
@@ -289,12 +291,16 @@ def cmd_evaluate(args) -> int:
             best = pipeline.select_best(comparison)
             print(f"evaluate: best on validation: {best}")
             cfg = cfg.with_(**best)
-    res = pipeline.evaluate(df, cfg, schemes=args.schemes)
+    try:
+        res = pipeline.evaluate(df, cfg, schemes=args.schemes)
+    except ValueError as exc:
+        return _fail(f"cannot evaluate: {exc}")
     fam, rows = res.get("family", (None, None))
-    nk = res.get("nk", (None, None))[0]
-    path = report.write_report(args.report, fam if fam is not None else nk, nk if fam is not None else None,
-                               rows if cfg.formulation == "log_latency" else None, comparison,
-                               header=_report_header(df, cfg))
+    nk, nk_rows = res.get("nk", (None, None))
+    if rows is None:
+        rows = nk_rows
+    path = report.write_report(args.report, fam, nk, rows if cfg.formulation == "log_latency" else None,
+                               comparison, header=_report_header(df, cfg))
     from gemm_costmodel.evaluate import metrics_table
 
     if getattr(args, "metrics_out", None) is not None:

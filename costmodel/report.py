@@ -121,11 +121,16 @@ def plot_families(results: pd.DataFrame, path: str, title: str) -> None:
     plt.close(fig)
 
 
-def write_report(out_dir: str, family: pd.DataFrame, nk: pd.DataFrame | None = None,
+def write_report(out_dir: str, family: pd.DataFrame | None, nk: pd.DataFrame | None = None,
                  rows: pd.DataFrame | None = None, comparison: pd.DataFrame | None = None,
                  header: str = "", extra_sections: list[str] | None = None) -> str:
-    """Write report.md, results.csv and the plots; returns the report path."""
+    """Write report.md, results CSVs and the plots (from the family results, else the (N, K)
+    ones); returns the report path."""
+    if (family is None or family.empty) and (nk is None or nk.empty):
+        raise ValueError("no results to report")
     os.makedirs(out_dir, exist_ok=True)
+    plots_from = family if family is not None and not family.empty else nk
+    held_out = "held-out families" if plots_from is family else "held-out (N, K)"
     L = ["# Cost model evaluation report\n", header]
     L.append("Only evaluation shapes are scored (every feasible candidate measured: the oracle is exact). "
              "Slowdown = latency of the picked candidate / the oracle's. `match_2pct` = picked <= 1.02x oracle. "
@@ -147,25 +152,27 @@ def write_report(out_dir: str, family: pd.DataFrame, nk: pd.DataFrame | None = N
     for sec in extra_sections or []:
         L.append(sec)
     figs = []
-    for gpu, g in family.groupby("gpu_name", observed=True):
+    for gpu, g in plots_from.groupby("gpu_name", observed=True):
         tag = str(gpu).replace("NVIDIA ", "").replace(" ", "_")
         for dtype, gd in g.groupby("dtype", observed=True):
             name = f"cdf_{tag}_{dtype}.png"
-            plot_cdf(gd, os.path.join(out_dir, name), f"{gpu} {dtype}: slowdown CDF (held-out families)")
+            plot_cdf(gd, os.path.join(out_dir, name), f"{gpu} {dtype}: slowdown CDF ({held_out})")
             figs.append(name)
         name = f"m_buckets_{tag}.png"
-        plot_m_buckets(g, os.path.join(out_dir, name), f"{gpu}: match within 2% by M (held-out families)")
+        plot_m_buckets(g, os.path.join(out_dir, name), f"{gpu}: match within 2% by M ({held_out})")
         figs.append(name)
-        name = f"families_{tag}.png"
-        plot_families(g, os.path.join(out_dir, name), f"{gpu}: geomean slowdown per held-out family")
-        figs.append(name)
+        if plots_from is family:
+            name = f"families_{tag}.png"
+            plot_families(g, os.path.join(out_dir, name), f"{gpu}: geomean slowdown per held-out family")
+            figs.append(name)
     if rows is not None and len(rows):
         name = "pred_vs_measured.png"
         plot_pred_vs_measured(rows, os.path.join(out_dir, name), "held-out rows: predicted vs measured")
         figs.append(name)
     L.append("## Plots\n")
     L += [f"![{f}]({f})\n" for f in figs]
-    family.to_csv(os.path.join(out_dir, "results_family.csv"), index=False)
+    if family is not None and not family.empty:
+        family.to_csv(os.path.join(out_dir, "results_family.csv"), index=False)
     if nk is not None and not nk.empty:
         nk.to_csv(os.path.join(out_dir, "results_nk.csv"), index=False)
     path = os.path.join(out_dir, "report.md")

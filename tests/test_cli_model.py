@@ -97,9 +97,6 @@ def test_train_booster_then_export(run_dir, tmp_path):
     np.testing.assert_array_equal(a.run(None, {"features": X})[0], b.run(None, {"features": X})[0])
 
 
-@pytest.mark.xfail(reason="cli.py bug: _save_booster does not save model.shortlist_, so `costmodel export` "
-                          "writes a manifest with shortlist null and the runtime scores every candidate, "
-                          "unlike the model `costmodel train` exports", raises=AssertionError, strict=False)
 def test_export_keeps_the_shortlist(run_dir, tmp_path):
     rc, _, models, _, _ = run_dir
     booster = tmp_path / "b.json"
@@ -109,9 +106,6 @@ def test_export_keeps_the_shortlist(run_dir, tmp_path):
     assert man["shortlist"] == read_json(models / "gemm-sm90.json")["shortlist"]
 
 
-@pytest.mark.xfail(reason="cli.py bug: with --schemes nk only, cmd_evaluate passes the (N, K) results to "
-                          "write_report as the family results, so report.md titles them 'Leave-one-family-out' "
-                          "and writes results_family.csv", raises=AssertionError, strict=False)
 def test_evaluate_nk_only_is_labelled_nk(tmp_path):
     rc, out, err = quiet(["evaluate", "--data", *FP8, "--trees", "5", "--depth", "3", "--jobs", "1",
                           "--schemes", "nk", "--report", str(tmp_path / "r")])
@@ -191,9 +185,6 @@ def test_evaluate_without_evaluation_shapes(cmd, tmp_path, capsys):
     assert not (tmp_path / "m").exists()
 
 
-@pytest.mark.xfail(reason="cli.py bug: cmd_evaluate does not catch the ValueError of cross_validate when no "
-                          "fold has training rows (one family only): a traceback instead of a one-line error",
-                   raises=ValueError, strict=False)
 def test_evaluate_with_nothing_to_train_a_fold_on(tmp_path, capsys, fp8_frame):
     one = tmp_path / "one_family.parquet"
     fp8_frame[fp8_frame["family"] == "yi-1.5"].to_parquet(one, index=False)
