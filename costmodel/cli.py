@@ -229,6 +229,15 @@ def cmd_train(args) -> int:
         print(f"booster: {args.booster}")
     if not args.no_export:
         pipeline.export_model(model, df, args.out, arch=args.arch, metrics=getattr(args, "metrics_out", None))
+        companion = os.path.join(args.out, "gemm-" + args.arch + "-latency")
+        if cfg.formulation != "log_latency" and args.latency_model:
+            # rank() reports predicted latencies: a small log-latency model annotates the top k.
+            lat = pipeline.train(df, pipeline.LATENCY_COMPANION.with_(n_jobs=cfg.n_jobs, seed=cfg.seed))
+            pipeline.export_model(lat, df, args.out, arch=args.arch, role="latency")
+        else:
+            for ext in (".onnx", ".json"):
+                if os.path.exists(companion + ext):
+                    os.remove(companion + ext)  # a stale companion would mislabel the new model's picks
     return 0
 
 
@@ -333,10 +342,10 @@ def _model_args(p, report: bool = False, train: bool = False) -> None:
     p.add_argument("--dtype", nargs="+", default=None, choices=["bf16", "fp16", "fp8"], help="default: all")
     p.add_argument("--gpu", nargs="+", default=None, help="only rows of these GPU names (default: all)")
     p.add_argument("--arch", default="sm90")
-    p.add_argument("--formulation", default="log_latency", choices=["log_latency", "normalized", "rank"])
-    p.add_argument("--trees", type=int, default=300)
-    p.add_argument("--depth", type=int, default=8)
-    p.add_argument("--eta", type=float, default=0.1)
+    p.add_argument("--formulation", default="normalized", choices=["log_latency", "normalized", "rank"])
+    p.add_argument("--trees", type=int, default=100)
+    p.add_argument("--depth", type=int, default=6)
+    p.add_argument("--eta", type=float, default=0.2)
     p.add_argument("--jobs", type=int, default=2, help="xgboost threads")
     p.add_argument("--seed", type=int, default=0)
     if report:
@@ -348,6 +357,8 @@ def _model_args(p, report: bool = False, train: bool = False) -> None:
         p.add_argument("--out", default="models", help="folder for the ONNX model and manifest")
         p.add_argument("--booster", default="", help="also save the xgboost booster here (JSON)")
         p.add_argument("--no-export", action="store_true")
+        p.add_argument("--no-latency-model", dest="latency_model", action="store_false",
+                       help="skip the log-latency companion of a rank/normalized model")
 
 
 def build_parser() -> argparse.ArgumentParser:

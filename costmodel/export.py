@@ -48,9 +48,10 @@ def to_onnx(booster, n_features: int = len(F.FEATURE_NAMES)):
                            target_opset=TARGET_OPSET)
 
 
-def model_name(op: str, arch: str) -> str:
-    """File stem of a shipped model: <op>-<arch> (its manifest lists the dtypes it serves)."""
-    return f"{op}-{arch}"
+def model_name(op: str, arch: str, role: str = "decision") -> str:
+    """File stem of a shipped model: <op>-<arch> for the decision model, <op>-<arch>-latency for its
+    latency companion (the manifest lists the dtypes both serve)."""
+    return f"{op}-{arch}" if role == "decision" else f"{op}-{arch}-{role}"
 
 
 def _versions() -> dict:
@@ -70,15 +71,23 @@ def data_hash(df) -> str:
 
 
 def export(model, out_dir: str, op: str, dtypes: list[str], arch: str, space_hashes: dict[str, str],
-           training_data_hash: str, metrics: dict | None = None, gpus: list[str] | None = None) -> tuple[str, str]:
-    """Write <out_dir>/<op>-<arch>.onnx and .json (the manifest); returns both paths."""
+           training_data_hash: str, metrics: dict | None = None, gpus: list[str] | None = None,
+           role: str = "decision") -> tuple[str, str]:
+    """Write <out_dir>/<model_name>.onnx and .json (the manifest); returns both paths.
+
+    role 'decision' ranks candidates; role 'latency' (a log_latency model) only
+    annotates the decision model's top k with predicted latencies."""
+    if role not in ("decision", "latency"):
+        raise ValueError(f"role must be 'decision' or 'latency', got {role!r}")
+    if role == "latency" and model.config.formulation != "log_latency":
+        raise ValueError("a latency companion must be a log_latency model")
     os.makedirs(out_dir, exist_ok=True)
-    stem = os.path.join(out_dir, model_name(op, arch))
+    stem = os.path.join(out_dir, model_name(op, arch, role))
     proto = to_onnx(model.booster_)
     with open(stem + ".onnx", "wb") as fh:
         fh.write(proto.SerializeToString())
     manifest = {
-        "op": op, "dtypes": sorted(dtypes), "arch": arch,
+        "op": op, "dtypes": sorted(dtypes), "arch": arch, "role": role,
         "formulation": model.config.formulation,
         # Runtime score = score_sign * onnx output; lower = faster.
         "score_sign": -1.0 if model.config.formulation == "rank" else 1.0,

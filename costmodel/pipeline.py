@@ -125,8 +125,11 @@ def select_best(comparison: pd.DataFrame, dtype: str = "bf16") -> dict:
     return dict(zip(["formulation", "n_estimators", "max_depth", "learning_rate"], best))
 
 
+LATENCY_COMPANION = TrainConfig(formulation="log_latency", n_estimators=100, max_depth=6, learning_rate=0.2)
+
+
 def export_model(model: CostModel, df: pd.DataFrame, out_dir: str, arch: str = "sm90",
-                 metrics: dict | None = None, log: Log = _print) -> tuple[str, str]:
+                 metrics: dict | None = None, log: Log = _print, role: str = "decision") -> tuple[str, str]:
     """ONNX + manifest for the model, serving every dtype it was trained on."""
     from gemm_costmodel import export as X
     from gemm_costmodel.kernels.gemm_configs import generate_configs, space_hash
@@ -135,7 +138,7 @@ def export_model(model: CostModel, df: pd.DataFrame, out_dir: str, arch: str = "
     spaces = {d: space_hash(generate_configs(arch, d)) for d in dtypes}
     onnx_path, man_path = X.export(model, out_dir, op="gemm", dtypes=dtypes, arch=arch, space_hashes=spaces,
                                    training_data_hash=X.data_hash(df), metrics=metrics,
-                                   gpus=sorted(df["gpu_name"].unique()))
+                                   gpus=sorted(df["gpu_name"].unique()), role=role)
     log(f"export: {onnx_path} ({os.path.getsize(onnx_path) / 1e6:.2f} MB), manifest {man_path}")
     return onnx_path, man_path
 

@@ -122,8 +122,9 @@ class _OnnxModel:
         return self.sign * np.asarray(out, dtype=np.float64).reshape(-1)
 
 
-def find_model(models_dir: str, op: str, dtype: str, arch: str) -> tuple[str, dict] | tuple[None, str]:
-    """(onnx path, manifest) of the model serving (op, dtype, arch), or (None, reason)."""
+def find_model(models_dir: str, op: str, dtype: str, arch: str,
+               role: str = "decision") -> tuple[str, dict] | tuple[None, str]:
+    """(onnx path, manifest) of the model of this role serving (op, dtype, arch), or (None, reason)."""
     if not os.path.isdir(models_dir):
         return None, f"model folder {models_dir} does not exist"
     reasons = []
@@ -137,7 +138,8 @@ def find_model(models_dir: str, op: str, dtype: str, arch: str) -> tuple[str, di
         except (OSError, ValueError) as exc:
             reasons.append(f"{name}: unreadable manifest ({exc})")
             continue
-        if not isinstance(man, dict) or man.get("op") != op or dtype not in man.get("dtypes", []):
+        if not isinstance(man, dict) or man.get("op") != op or dtype not in man.get("dtypes", []) \
+                or man.get("role", "decision") != role:
             continue
         if man.get("arch") != arch:
             reasons.append(f"{name} is for arch {man.get('arch')}, this GPU is {arch}")
@@ -174,6 +176,7 @@ class Dispatcher:
         self._cache_size = max(int(cache_size), 1)
         self._lock = threading.Lock()
         self._models: dict[str, _OnnxModel | None] = {}
+        self._latency_models: dict[str, _OnnxModel | None] = {}
         self._model_lock = threading.Lock()
         self._warned: set[str] = set()
         self.fallback_reasons: dict[str, str] = {}
@@ -216,6 +219,22 @@ class Dispatcher:
             self._models[dtype] = model
             return model
 
+    def latency_model_for(self, dtype: str) -> _OnnxModel | None:
+        """The log-latency companion of a rank/normalized decision model (None if absent or unusable)."""
+        if dtype in self._latency_models:
+            return self._latency_models[dtype]
+        with self._model_lock:
+            model = None
+            if self.spec is not None:
+                path, man = find_model(self.models_dir, self.op, dtype, self.arch, role="latency")
+                if path is not None and man.get("feature_schema_hash") == F.schema_hash():
+                    try:
+                        model = _OnnxModel(path, man, self.threads)
+                    except Exception:  # noqa: BLE001 - latencies are optional annotations
+                        model = None
+            self._latency_models[dtype] = model
+            return model
+
     # -- tuned tables ----------------------------------------------------------------
     def add_tuned_table(self, table) -> None:
         """Add exact-hit decisions: a dict or a JSON file {"entries": {"<dtype>:<M>x<N>x<K>": id}} (or flat)."""
@@ -246,6 +265,16 @@ class Dispatcher:
                 **F.gpu_columns(self.spec, dtype)}
         return model.score(F.compute(cols))
 
+    def _latencies(self, ct, idx, m, n, k, dtype, e, top_k):
+        """Predicted latencies (us) of the chosen candidates from the latency companion, or None."""
+        lm = self.latency_model_for(dtype)
+        if lm is None:
+            return None
+        try:
+            return np.exp2(self._score(lm, ct, idx, m, n, k, dtype, e, top_k))
+        except Exception:  # noqa: BLE001 - an annotation never breaks a decision
+            return None
+
     def _decide(self, m, n, k, dtype, e, top_k, count: int) -> list[Choice]:
         ct, idx = self._feasible(m, n, k, dtype)
         tuned = self._tuned.get((m, n, k, dtype, e, top_k))
@@ -259,8 +288,12 @@ class Dispatcher:
                 scored = idx[sl[idx]] if sl is not None and sl[idx].any() else idx
                 s = self._score(model, ct, scored, m, n, k, dtype, e, top_k)
                 order = np.lexsort((scored, s))[:count]
-                return [Choice(ct.ids[scored[i]], "model", float(np.exp2(s[i])) if model.latency else None,
-                               float(s[i])) for i in order]
+                if model.latency:
+                    lat = np.exp2(s[order])
+                else:
+                    lat = self._latencies(ct, scored[order], m, n, k, dtype, e, top_k)
+                return [Choice(ct.ids[scored[i]], "model", None if lat is None else float(t), float(s[i]))
+                        for i, t in zip(order, lat if lat is not None else [None] * len(order))]
             except Exception as exc:  # noqa: BLE001 - the serving path never raises for a model problem
                 reason = f"model scoring failed ({type(exc).__name__}: {str(exc)[:120]})"
                 self.fallback_reasons[dtype] = reason

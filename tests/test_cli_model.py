@@ -60,7 +60,11 @@ def test_run_writes_report_and_model(run_dir):
     for p in pngs:
         assert f"]({p})" in md
     assert (report / "results_family.csv").is_file()
-    assert sorted(os.listdir(models)) == ["gemm-sm90.json", "gemm-sm90.onnx"]
+    # The default (normalized) decision model ships with its log-latency companion.
+    assert sorted(os.listdir(models)) == ["gemm-sm90-latency.json", "gemm-sm90-latency.onnx",
+                                          "gemm-sm90.json", "gemm-sm90.onnx"]
+    assert read_json(models / "gemm-sm90-latency.json")["role"] == "latency"
+    assert read_json(models / "gemm-sm90.json")["role"] == "decision"
     man = read_json(models / "gemm-sm90.json")
     assert man["metrics"], "held-out metrics missing from the manifest"
     m = man["metrics"]["NVIDIA H200/fp8"]

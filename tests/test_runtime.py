@@ -44,7 +44,7 @@ def tiny_model_dir(tmp_path_factory) -> str:
         from gemm_costmodel.pipeline import export_model, load_training_frame
 
         df = load_training_frame(SHARDS)
-        m = CostModel(TrainConfig(n_estimators=20, max_depth=4)).fit(df)
+        m = CostModel(TrainConfig(formulation="log_latency", n_estimators=20, max_depth=4)).fit(df)
         out = str(tmp_path_factory.mktemp("tiny-model"))
         export_model(m, df, out)
         assert sorted(os.listdir(out)) == ["gemm-sm90.json", "gemm-sm90.onnx"]
