@@ -155,7 +155,8 @@ def cmd_dataset(args) -> int:
         if args.remeasure:
             import pandas as pd
 
-            rem = pd.read_json(args.remeasure, lines=True)
+            files = sorted(p for pat in args.remeasure for p in glob.glob(pat))
+            rem = pd.concat([pd.read_json(f, lines=True) for f in files], ignore_index=True) if files else None
         print(datacard.card(df, rem))
         return 0
     except (OSError, ValueError) as exc:
@@ -397,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--raw", nargs="+", default=["datasets/raw/*-shard*.jsonl.gz"],
                    help="harness shards to convert (build)")
     d.add_argument("--root", default="datasets")
-    d.add_argument("--remeasure", default="datasets/raw/remeasure.jsonl.gz",
+    d.add_argument("--remeasure", nargs="*", default=["datasets/raw/remeasure*.jsonl.gz"],
                    help="noise-floor re-measurements (card); '' to skip")
     d.set_defaults(func=cmd_dataset)
 

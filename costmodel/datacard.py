@@ -45,7 +45,7 @@ def eval_figures(df: pd.DataFrame, tie_tol: float) -> dict:
     """Figures on evaluation shapes (every candidate measured), per dtype."""
     out = {}
     ev = df[df["eval_shape"] & (df["status"] == "ok") & (df["op"] == "gemm")]
-    for dtype, g in ev.groupby("dtype", observed=True):
+    for (gpu, dtype), g in ev.groupby(["gpu_name", "dtype"], observed=True):
         g = g.copy()
         shape = ["m", "n", "k"]
         best = g.groupby(shape)["p50_us"].transform("min")
@@ -62,7 +62,7 @@ def eval_figures(df: pd.DataFrame, tie_tol: float) -> dict:
         tri_gm = {c: v for c, v in static_gm.items() if c != "cublas"}
         best_static_tri = min(tri_gm, key=tri_gm.get) if tri_gm else None
         ties = g[g["slow"] <= 1 + tie_tol].groupby(shape).size()
-        out[str(dtype)] = {
+        out[(str(gpu), str(dtype))] = {
             "eval_shapes": n_shapes,
             "cublas_over_triton_oracle": geomean(both["cub"] / both["tri"]),
             "default_config": DEFAULT_CONFIG,
@@ -84,18 +84,23 @@ def card(df: pd.DataFrame, remeasure: pd.DataFrame | None = None) -> str:
     """The data card, as markdown."""
     L = []
     gemm = df[df["op"] == "gemm"]
-    shapes = gemm.drop_duplicates(["dtype", "m", "n", "k"])
-    ev_shapes = gemm[gemm["eval_shape"]].drop_duplicates(["dtype", "m", "n", "k"])
+    shapes = gemm.drop_duplicates(["gpu_name", "dtype", "m", "n", "k"])
+    ev_shapes = gemm[gemm["eval_shape"]].drop_duplicates(["gpu_name", "dtype", "m", "n", "k"])
     L.append("### Counts\n")
+    by = ["gpu_name", "dtype"]
     cnt = pd.DataFrame({
-        "rows": gemm.groupby("dtype", observed=True).size(),
-        "shapes": shapes.groupby("dtype", observed=True).size(),
-        "evaluation shapes": ev_shapes.groupby("dtype", observed=True).size(),
-        "candidates measured": gemm.groupby("dtype", observed=True)["candidate"].nunique(),
-        "stable rows %": (100 * gemm.groupby("dtype", observed=True)["stable"].mean()).round(1),
+        "rows": gemm.groupby(by, observed=True).size(),
+        "shapes": shapes.groupby(by, observed=True).size(),
+        "evaluation shapes": ev_shapes.groupby(by, observed=True).size(),
+        "candidates measured": gemm.groupby(by, observed=True)["candidate"].nunique(),
+        "stable rows %": (100 * gemm.groupby(by, observed=True)["stable"].mean()).round(1),
     }).fillna(0).reset_index()
+    all_gpus = shapes.drop_duplicates(["dtype", "m", "n", "k"]).groupby("dtype", observed=True).size()
+    all_ev = ev_shapes.drop_duplicates(["dtype", "m", "n", "k"]).groupby("dtype", observed=True).size()
     L.append(_table(cnt) + "\n")
-    st = gemm.groupby(["dtype", "status"], observed=True).size().unstack(fill_value=0).reset_index()
+    L.append("Distinct (M, N, K) over both GPUs: " + ", ".join(
+        f"{d} {int(all_gpus.get(d, 0))} ({int(all_ev.get(d, 0))} evaluation)" for d in all_gpus.index.astype(str)) + ".\n")
+    st = gemm.groupby(["gpu_name", "dtype", "status"], observed=True).size().unstack(fill_value=0).reset_index()
     L.append("Rows by status:\n\n" + _table(st) + "\n")
     org = _origins(gemm)
     fam = org.groupby(["family", "dtype"]).size().unstack(fill_value=0).reset_index()
@@ -113,28 +118,34 @@ def card(df: pd.DataFrame, remeasure: pd.DataFrame | None = None) -> str:
              + " (Triton configs + cuBLAS).\n")
     tie_tol = 0.01
     if remeasure is not None and len(remeasure):
-        nf = noise_floor(remeasure)
-        tie_tol = round(nf["stable_median"], 4) if nf["stable_median"] > 0 else tie_tol
         L.append("### Noise floor\n")
-        L.append(f"{nf['pairs']} random (shape, candidate) pairs re-measured in a separate process with fresh "
-                 f"inputs: |relative difference| of p50 median {100 * nf['median']:.2f}%, p95 "
-                 f"{100 * nf['p95']:.1f}%. Over the {nf['stable_pairs']} pairs whose original row was stable: "
-                 f"median {100 * nf['stable_median']:.2f}%, p95 {100 * nf['stable_p95']:.1f}%. Unstable rows "
-                 f"carry most of the noise, so they are flagged (`stable` = False) and kept out of training. "
-                 f"Tie tolerance: {100 * tie_tol:.2f}% (median of stable pairs).\n")
+        L.append("Random (shape, candidate) pairs re-measured in a separate process, on a fresh machine start "
+                 "with fresh inputs; |relative difference| of p50:\n")
+        nrows, meds = [], []
+        for gpu, r in remeasure.groupby("gpu_name"):
+            nf = noise_floor(r)
+            meds.append(nf["stable_median"])
+            nrows.append({"GPU": gpu, "pairs": nf["pairs"], "median %": round(100 * nf["median"], 2),
+                          "p95 %": round(100 * nf["p95"], 1), "stable pairs": nf["stable_pairs"],
+                          "stable median %": round(100 * nf["stable_median"], 2),
+                          "stable p95 %": round(100 * nf["stable_p95"], 1)})
+        L.append(_table(pd.DataFrame(nrows)) + "\n")
+        tie_tol = round(max(meds), 4) if meds and max(meds) > 0 else tie_tol
+        L.append("Unstable rows carry most of the noise, so they are flagged (`stable` = False) and kept out "
+                 f"of training. Tie tolerance: {100 * tie_tol:.2f}% (the larger median over stable pairs).\n")
     L.append("### Device time\n")
     tdf = gemm.assign(ts=pd.to_datetime(gemm["timestamp"], errors="coerce", utc=True)).dropna(subset=["ts"])
-    spans = tdf.groupby(["suite", "dtype"], observed=True)["ts"].agg(["min", "max", "size"]).reset_index()
+    spans = tdf.groupby(["gpu_name", "suite", "dtype"], observed=True)["ts"].agg(["min", "max", "size"]).reset_index()
     spans["minutes"] = ((spans["max"] - spans["min"]).dt.total_seconds() / 60).round(1)
-    L.append(_table(spans[["suite", "dtype", "size", "minutes"]].rename(columns={"size": "rows"})) + "\n")
+    L.append(_table(spans[["gpu_name", "suite", "dtype", "size", "minutes"]].rename(columns={"size": "rows"})) + "\n")
     L.append(f"Sweep time in all: {spans['minutes'].sum():.1f} minutes (first to last row of each sweep; "
              "precompilation and machine start-up come on top).\n")
     figs = eval_figures(gemm, tie_tol)
     if figs:
         L.append("### Evaluation shapes, from the data alone\n")
         rows = []
-        for d, f in figs.items():
-            rows.append({"dtype": d, "shapes": f["eval_shapes"],
+        for (gpu, d), f in figs.items():
+            rows.append({"gpu": gpu, "dtype": d, "shapes": f["eval_shapes"],
                          "cuBLAS / Triton oracle": round(f["cublas_over_triton_oracle"], 3),
                          "cuBLAS vs oracle": round(f["cublas_slowdown"], 3),
                          f"default ({f['default_config']}) vs oracle": round(f["default_slowdown"], 3),
