@@ -35,6 +35,8 @@ def main(argv=None) -> int:
     ap.add_argument("--overhead-shapes", type=int, default=12)
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--time-budget", type=float, default=420)
+    ap.add_argument("--holdout-models", default=None,
+                    help="also time the choice of a model trained without these evaluation shapes")
     args = ap.parse_args(argv)
 
     import torch
@@ -60,6 +62,18 @@ def main(argv=None) -> int:
     prov = provenance.collect(torch.cuda.current_device())
     d = Dispatcher()
     ops.set_dispatcher(d)
+    dh = Dispatcher(models_dir=args.holdout_models) if args.holdout_models else None
+    from gemm_costmodel.benchmarks import precompile
+
+    todo = []
+    for r in best.itertuples(index=False):
+        p = Problem(int(r.m), int(r.n), int(r.k), str(r.dtype))
+        ids = {d.select(p.m, p.n, p.k, p.dtype).candidate, str(r.candidate)}
+        if dh is not None:
+            ids.add(dh.select(p.m, p.n, p.k, p.dtype).candidate)
+        todo.append((p, [config_from_id(c) for c in ids if c != "cublas"]))
+    d.clear_cache()
+    precompile.precompile(todo, log=lambda m: print(m, flush=True))
     timer = GraphTimer()
     l2 = prov.get("l2_bytes") or 50 * 2**20
     rows = []
@@ -81,7 +95,11 @@ def main(argv=None) -> int:
         row = {"dtype": dtype, "m": p.m, "n": p.n, "k": p.k, "dispatched": choice.candidate, "source": choice.source,
                "predicted_us": choice.predicted_us, "oracle": str(r.candidate), "data_oracle_us": float(r.p50_us),
                "cold_decision_us": cold_us, "n_copies": n_copies}
-        for label, cid in (("dispatched", choice.candidate), ("oracle", str(r.candidate)), ("cublas", "cublas")):
+        cands = [("dispatched", choice.candidate), ("oracle", str(r.candidate)), ("cublas", "cublas")]
+        if dh is not None:
+            row["holdout_dispatched"] = dh.select(p.m, p.n, p.k, dtype).candidate
+            cands.append(("holdout", row["holdout_dispatched"]))
+        for label, cid in cands:
             cfg = config_from_id(cid)
             status, err, detail = C.gate(cfg, first, ref, dtype)
             row[f"{label}_status"] = status
@@ -140,6 +158,12 @@ def main(argv=None) -> int:
         "match_2pct": float(np.mean([x["dispatched_us"] <= 1.02 * x["oracle_us"] for x in ok])) if ok else float("nan"),
         "same_as_oracle": float(np.mean([x["dispatched"] == x["oracle"] for x in ok])) if ok else float("nan"),
         "by_dtype": {},
+        "holdout_over_oracle_geomean": _geomean([x["holdout_us"] / x["oracle_us"] for x in ok
+                                                 if x.get("holdout_status") == "ok"]),
+        "holdout_over_cublas_geomean": _geomean([x["holdout_us"] / x["cublas_us"] for x in ok
+                                                 if x.get("holdout_status") == "ok" and x.get("cublas_status") == "ok"]),
+        "holdout_match_2pct": float(np.mean([x["holdout_us"] <= 1.02 * x["oracle_us"] for x in ok
+                                             if x.get("holdout_status") == "ok"])) if dh is not None and ok else None,
         "cold_decision_us_p50": statistics.median([x["cold_decision_us"] for x in rows]) if rows else None,
         "op_overhead_us_median": statistics.median([o["overhead_us"] for o in over]) if over else None,
         "op_us_per_call_median": statistics.median([o["op_us_per_call"] for o in over]) if over else None,
@@ -154,6 +178,8 @@ def main(argv=None) -> int:
             "dispatched_over_oracle_geomean": _geomean([x["dispatched_us"] / x["oracle_us"] for x in sub]),
             "dispatched_over_cublas_geomean": _geomean([x["dispatched_us"] / x["cublas_us"] for x in sub
                                                         if x.get("cublas_status") == "ok"]),
+            "holdout_over_oracle_geomean": _geomean([x["holdout_us"] / x["oracle_us"] for x in sub
+                                                     if x.get("holdout_status") == "ok"]),
         }
     with open(os.path.join(args.out, "dispatch_gpu.jsonl"), "w", encoding="utf-8") as fh:
         for x in rows:
