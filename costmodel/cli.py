@@ -343,7 +343,7 @@ def _model_args(p, report: bool = False, train: bool = False) -> None:
     p.add_argument("--dtype", nargs="+", default=None, choices=["bf16", "fp16", "fp8"], help="default: all")
     p.add_argument("--gpu", nargs="+", default=None, help="only rows of these GPU names (default: all)")
     p.add_argument("--arch", default="sm90")
-    p.add_argument("--formulation", default="normalized", choices=["log_latency", "normalized", "rank"])
+    p.add_argument("--formulation", default="rank", choices=["log_latency", "normalized", "rank"])
     p.add_argument("--trees", type=int, default=100)
     p.add_argument("--depth", type=int, default=6)
     p.add_argument("--eta", type=float, default=0.2)

@@ -37,7 +37,7 @@ def m_bucket_index(m) -> np.ndarray:
 class TrainConfig:
     """Hyperparameters. Defaults were picked on leave-family-out validation (see the report)."""
 
-    formulation: str = "normalized"
+    formulation: str = "rank"
     n_estimators: int = 100
     max_depth: int = 6
     learning_rate: float = 0.2

@@ -60,7 +60,7 @@ def test_run_writes_report_and_model(run_dir):
     for p in pngs:
         assert f"]({p})" in md
     assert (report / "results_family.csv").is_file()
-    # The default (normalized) decision model ships with its log-latency companion.
+    # The default (rank) decision model ships with its log-latency companion.
     assert sorted(os.listdir(models)) == ["gemm-sm90-latency.json", "gemm-sm90-latency.onnx",
                                           "gemm-sm90.json", "gemm-sm90.onnx"]
     assert read_json(models / "gemm-sm90-latency.json")["role"] == "latency"
