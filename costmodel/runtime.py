@@ -259,19 +259,19 @@ class Dispatcher:
         ct = candidate_table(self.arch or "sm90", dtype)
         return ct, np.flatnonzero(ct.feasible_mask(m, n, k))
 
-    def _score(self, model: _OnnxModel, ct, idx, m, n, k, dtype, e, top_k) -> np.ndarray:
+    def _features(self, ct, idx, m, n, k, dtype, e, top_k) -> np.ndarray:
         cols = {"m": m, "n": n, "k": k, "e": e, "top_k": top_k, "dtype_code": F.DTYPE_CODES[dtype],
                 "variant_code": ct.variant_code[idx], **{p: ct.params[p][idx] for p in F.PARAMS},
                 **F.gpu_columns(self.spec, dtype)}
-        return model.score(F.compute(cols))
+        return F.compute(cols)
 
-    def _latencies(self, ct, idx, m, n, k, dtype, e, top_k):
-        """Predicted latencies (us) of the chosen candidates from the latency companion, or None."""
+    def _latencies(self, X: np.ndarray, dtype: str):
+        """Predicted latencies (us) of feature rows X from the latency companion, or None."""
         lm = self.latency_model_for(dtype)
         if lm is None:
             return None
         try:
-            return np.exp2(self._score(lm, ct, idx, m, n, k, dtype, e, top_k))
+            return np.exp2(lm.score(X))
         except Exception:  # noqa: BLE001 - an annotation never breaks a decision
             return None
 
@@ -286,12 +286,10 @@ class Dispatcher:
                 sl = model.shortlist_mask(ct, m)
                 # The shortlist narrows what the model scores, not what the heuristic sees on a failure.
                 scored = idx[sl[idx]] if sl is not None and sl[idx].any() else idx
-                s = self._score(model, ct, scored, m, n, k, dtype, e, top_k)
+                X = self._features(ct, scored, m, n, k, dtype, e, top_k)
+                s = model.score(X)
                 order = np.lexsort((scored, s))[:count]
-                if model.latency:
-                    lat = np.exp2(s[order])
-                else:
-                    lat = self._latencies(ct, scored[order], m, n, k, dtype, e, top_k)
+                lat = np.exp2(s[order]) if model.latency else self._latencies(X[order], dtype)
                 return [Choice(ct.ids[scored[i]], "model", None if lat is None else float(t), float(s[i]))
                         for i, t in zip(order, lat if lat is not None else [None] * len(order))]
             except Exception as exc:  # noqa: BLE001 - the serving path never raises for a model problem
