@@ -213,7 +213,9 @@ def _eval_frame():
 
 
 def test_eval_figures_hand_computed():
-    f = DC.eval_figures(_eval_frame(), tie_tol=0.01)["bf16"]
+    figs = DC.eval_figures(_eval_frame(), tie_tol=0.01)
+    assert len(figs) == 1  # one GPU, one dtype: figures are keyed by (gpu_name, dtype)
+    f = next(v for (gpu, dtype), v in figs.items() if dtype == "bf16")
     assert f["eval_shapes"] == 2
     # Triton oracle: 10 and 20; cuBLAS 10.05 and 30 -> geomean(1.005, 1.5)
     assert f["cublas_over_triton_oracle"] == pytest.approx(math.sqrt(1.005 * 1.5))

@@ -1,0 +1,58 @@
+"""The latency companion: a rank decision model reports predicted latencies through it."""
+import json
+import shutil
+
+import pytest
+
+from gemm_costmodel.kernels.gemm_configs import Problem, check_feasible, config_from_id
+from gemm_costmodel.model import CostModel, TrainConfig
+from gemm_costmodel.pipeline import LATENCY_COMPANION, export_model, load_training_frame
+from gemm_costmodel.runtime import Dispatcher
+
+H100 = "NVIDIA H100 80GB HBM3"
+DATA = ["datasets/fp8/eval-fp8-shard01of40.parquet"]
+
+
+@pytest.fixture(scope="module")
+def rank_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("rank_models")
+    df = load_training_frame(DATA)
+    export_model(CostModel(TrainConfig(formulation="rank", n_estimators=10, max_depth=4, n_jobs=1)).fit(df), df,
+                 str(out), log=lambda m: None)
+    export_model(CostModel(LATENCY_COMPANION.with_(n_estimators=10, max_depth=4, n_jobs=1)).fit(df), df,
+                 str(out), log=lambda m: None, role="latency")
+    return out
+
+
+def test_rank_model_reports_companion_latencies(rank_dir):
+    d = Dispatcher(gpu_name=H100, models_dir=str(rank_dir))
+    top = d.rank(64, 4096, 4096, "fp8", count=4)
+    assert [c.source for c in top] == ["model"] * 4
+    # Best first by the rank score; latencies come from the companion, in microseconds.
+    assert [c.score for c in top] == sorted(c.score for c in top)
+    assert all(c.predicted_us is not None and 0.5 < c.predicted_us < 1e6 for c in top)
+    assert d.select(64, 4096, 4096, "fp8").candidate == top[0].candidate
+    for c in top:
+        assert check_feasible(config_from_id(c.candidate), Problem(64, 4096, 4096, "fp8"))[0]
+
+
+def test_without_companion_latencies_are_none(rank_dir, tmp_path):
+    only = tmp_path / "only"
+    only.mkdir()
+    for ext in (".onnx", ".json"):
+        shutil.copy(rank_dir / f"gemm-sm90{ext}", only / f"gemm-sm90{ext}")
+    d = Dispatcher(gpu_name=H100, models_dir=str(only))
+    c = d.select(64, 4096, 4096, "fp8")
+    assert c.source == "model" and c.predicted_us is None
+
+
+def test_companion_is_never_the_decision_model(rank_dir, tmp_path):
+    # A folder holding only the latency companion has no decision model: the heuristic decides.
+    only = tmp_path / "lat"
+    only.mkdir()
+    for ext in (".onnx", ".json"):
+        shutil.copy(rank_dir / f"gemm-sm90-latency{ext}", only / f"gemm-sm90-latency{ext}")
+    assert json.loads((only / "gemm-sm90-latency.json").read_text())["role"] == "latency"
+    with pytest.warns(UserWarning, match="no gemm model"):
+        c = Dispatcher(gpu_name=H100, models_dir=str(only)).select(64, 4096, 4096, "fp8")
+    assert c.source == "heuristic"
