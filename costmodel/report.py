@@ -167,7 +167,7 @@ def write_report(out_dir: str, family: pd.DataFrame | None, nk: pd.DataFrame | N
             figs.append(name)
     if rows is not None and len(rows):
         name = "pred_vs_measured.png"
-        plot_pred_vs_measured(rows, os.path.join(out_dir, name), "held-out rows: predicted vs measured")
+        plot_pred_vs_measured(rows, os.path.join(out_dir, name), "held-out rows: predicted (log-latency model) vs measured")
         figs.append(name)
     L.append("## Plots\n")
     L += [f"![{f}]({f})\n" for f in figs]
