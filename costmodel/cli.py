@@ -343,6 +343,27 @@ def cmd_run(args) -> int:
     return cmd_train(args)
 
 
+def cmd_select(args) -> int:
+    """Print the dispatcher's decision (or top k) for one problem."""
+    import warnings
+
+    from gemm_costmodel.runtime import Dispatcher
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        d = Dispatcher(gpu_name=args.gpu, models_dir=args.models)
+        try:
+            choices = d.rank(args.m, args.n, args.k, args.dtype, count=args.top)
+        except ValueError as exc:
+            return _fail(str(exc))
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr)
+    for i, c in enumerate(choices, 1):
+        lat = f"{c.predicted_us:.2f} us" if c.predicted_us is not None else "-"
+        print(f"{i}. {c.candidate}  (source {c.source}, predicted {lat})")
+    return 0
+
+
 def _model_args(p, report: bool = False, train: bool = False) -> None:
     p.add_argument("--data", nargs="*", help="data files (default: all parquet under --root)")
     p.add_argument("--root", default="datasets")
@@ -434,6 +455,16 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--out", default="models")
     x.add_argument("--arch", default="sm90")
     x.set_defaults(func=cmd_export)
+
+    q = sub.add_parser("select", help="what the dispatcher picks for one problem (y = x @ w.T, x MxK, w NxK)")
+    q.add_argument("m", type=int)
+    q.add_argument("n", type=int)
+    q.add_argument("k", type=int)
+    q.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp8"])
+    q.add_argument("--gpu", default="NVIDIA H100 80GB HBM3", help="GPU name (default: H100 SXM)")
+    q.add_argument("--models", default=None, help="model folder (default: the shipped models)")
+    q.add_argument("--top", type=int, default=1, help="show the model's top k")
+    q.set_defaults(func=cmd_select)
 
     r = sub.add_parser("run", help="main job: evaluate (report) + train + export on the shipped data")
     _model_args(r, report=True, train=True)

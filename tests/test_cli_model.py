@@ -216,3 +216,23 @@ def test_unknown_formulation_is_a_usage_error(capsys):
         cli_main(["train", "--formulation", "lambdamart"])
     assert exc.value.code != 0
     assert "lambdamart" in capsys.readouterr().err
+
+
+# -- costmodel select ------------------------------------------------------------------------
+
+def test_select_prints_the_shipped_models_top_k(capsys):
+    assert cli_main(["select", "16", "4096", "4096", "--top", "3"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 3 and lines[0].startswith("1. ") and "source model" in lines[0]
+
+
+def test_select_bad_dim_exits_2(capsys):
+    assert cli_main(["select", "0", "4096", "4096"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "M must be >= 1" in err[0]
+
+
+def test_select_unknown_gpu_falls_back_with_a_warning(capsys):
+    assert cli_main(["select", "16", "4096", "4096", "--gpu", "NVIDIA Foo 9000"]) == 0
+    out = capsys.readouterr()
+    assert "source heuristic" in out.out and "unknown GPU" in out.err
