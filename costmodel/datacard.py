@@ -135,11 +135,18 @@ def card(df: pd.DataFrame, remeasure: pd.DataFrame | None = None) -> str:
                  f"of training. Tie tolerance: {100 * tie_tol:.2f}% (the larger median over stable pairs).\n")
     L.append("### Device time\n")
     tdf = gemm.assign(ts=pd.to_datetime(gemm["timestamp"], errors="coerce", utc=True)).dropna(subset=["ts"])
-    spans = tdf.groupby(["gpu_name", "suite", "dtype"], observed=True)["ts"].agg(["min", "max", "size"]).reset_index()
-    spans["minutes"] = ((spans["max"] - spans["min"]).dt.total_seconds() / 60).round(1)
-    L.append(_table(spans[["gpu_name", "suite", "dtype", "size", "minutes"]].rename(columns={"size": "rows"})) + "\n")
-    L.append(f"Sweep time in all: {spans['minutes'].sum():.1f} minutes (first to last row of each sweep; "
-             "precompilation and machine start-up come on top).\n")
+    def _busy_minutes(ts: pd.Series) -> float:
+        # A sweep resumed in a later call leaves a gap between its rows: only the time
+        # between consecutive rows up to 2 minutes apart counts as measuring.
+        d = ts.sort_values().diff().dt.total_seconds().dropna()
+        return float(d[d <= 120].sum() / 60)
+
+    spans = (tdf.groupby(["gpu_name", "suite", "dtype"], observed=True)["ts"]
+             .agg(rows="size", minutes=_busy_minutes).reset_index())
+    spans["minutes"] = spans["minutes"].round(1)
+    L.append(_table(spans[["gpu_name", "suite", "dtype", "rows", "minutes"]]) + "\n")
+    L.append(f"Sweep time in all: {spans['minutes'].sum():.1f} minutes of measuring (gaps over 2 minutes "
+             "between rows, i.e. separate calls, are left out; precompilation and machine start-up come on top).\n")
     figs = eval_figures(gemm, tie_tol)
     if figs:
         L.append("### Evaluation shapes, from the data alone\n")
