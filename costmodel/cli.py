@@ -202,6 +202,17 @@ def _load_frame(args):
                                gpus=args.gpu)
 
 
+def _config_and_frame(args):
+    """(TrainConfig, data frame, 0) from the shared model options, or (None, None, exit code) after a
+    one-line error (bad hyperparameters, missing file, wrong schema, no rows)."""
+    from gemm_costmodel.dataset import DataError
+
+    try:
+        return _train_config(args), _load_frame(args), 0
+    except (DataError, OSError, ValueError) as exc:
+        return None, None, _fail(str(exc))
+
+
 def _save_booster(model, df, path: str) -> None:
     from gemm_costmodel.export import data_hash
 
@@ -217,13 +228,10 @@ def _save_booster(model, df, path: str) -> None:
 
 def cmd_train(args) -> int:
     from gemm_costmodel import pipeline
-    from gemm_costmodel.dataset import DataError
 
-    try:
-        cfg = _train_config(args)
-        df = _load_frame(args)
-    except (DataError, OSError, ValueError) as exc:
-        return _fail(str(exc))
+    cfg, df, err = _config_and_frame(args)
+    if err:
+        return err
     model = pipeline.train(df, cfg)
     if args.booster:
         _save_booster(model, df, args.booster)
@@ -285,13 +293,10 @@ def _report_header(df, cfg) -> str:
 
 def cmd_evaluate(args) -> int:
     from gemm_costmodel import pipeline, report
-    from gemm_costmodel.dataset import DataError
 
-    try:
-        cfg = _train_config(args)
-        df = _load_frame(args)
-    except (DataError, OSError, ValueError) as exc:
-        return _fail(str(exc))
+    cfg, df, err = _config_and_frame(args)
+    if err:
+        return err
     if not df["eval_shape"].astype(bool).any():
         return _fail("no evaluation shapes in the data: evaluation needs shapes measured with --mode all")
     comparison = None
