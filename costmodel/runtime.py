@@ -159,10 +159,12 @@ class Dispatcher:
     arch and the GPU numbers the features use. tuned_table: a path or dict of
     exact-hit decisions ({"<dtype>:<M>x<N>x<K>": "config id"}; see ``load_tuned_table``).
     cache_size: LRU capacity of decisions. threads: onnxruntime intra-op threads.
+    precompute: {dtype: [(N, K), ...]} to decide at load time over the default M grid
+    (powers of two up to 16384), so serving starts with a warm cache.
     """
 
     def __init__(self, gpu_name: str | None = None, models_dir: str | None = None, tuned_table=None,
-                 cache_size: int = 65536, threads: int = 1, op: str = "gemm"):
+                 cache_size: int = 65536, threads: int = 1, op: str = "gemm", precompute=None):
         self.gpu_name = gpu_name if gpu_name is not None else (current_gpu_name() or "unknown")
         self.models_dir = models_dir if models_dir is not None else _models_dir()
         self.op = op
@@ -180,6 +182,8 @@ class Dispatcher:
         self._model_lock = threading.Lock()
         self._warned: set[str] = set()
         self.fallback_reasons: dict[str, str] = {}
+        for dtype, pairs in (precompute or {}).items():
+            self.precompute(pairs, dtype)
 
     # -- model loading ----------------------------------------------------------
     def _warn_once(self, reason: str) -> None:

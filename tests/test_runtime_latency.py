@@ -56,3 +56,10 @@ def test_companion_is_never_the_decision_model(rank_dir, tmp_path):
     with pytest.warns(UserWarning, match="no gemm model"):
         c = Dispatcher(gpu_name=H100, models_dir=str(only)).select(64, 4096, 4096, "fp8")
     assert c.source == "heuristic"
+
+
+def test_precompute_at_load_time(rank_dir):
+    d = Dispatcher(gpu_name=H100, models_dir=str(rank_dir), precompute={"fp8": [(4096, 4096), (1024, 7168)]})
+    assert d.cache_info()["entries"] == 2 * 15  # two (N, K) x M in 1, 2, 4, ..., 16384
+    hit = d.select(64, 4096, 4096, "fp8")
+    assert d.select(64, 4096, 4096, "fp8") is hit
