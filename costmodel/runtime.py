@@ -138,8 +138,13 @@ def find_model(models_dir: str, op: str, dtype: str, arch: str,
         except (OSError, ValueError) as exc:
             reasons.append(f"{name}: unreadable manifest ({exc})")
             continue
-        if not isinstance(man, dict) or man.get("op") != op or dtype not in man.get("dtypes", []) \
-                or man.get("role", "decision") != role:
+        try:
+            serves = (man.get("op") == op and dtype in man.get("dtypes", [])
+                      and man.get("role", "decision") == role)
+        except (AttributeError, TypeError):  # a manifest of the wrong shape is skipped like a foreign one
+            reasons.append(f"{name}: malformed manifest")
+            continue
+        if not serves:
             continue
         if man.get("arch") != arch:
             reasons.append(f"{name} is for arch {man.get('arch')}, this GPU is {arch}")
@@ -157,7 +162,7 @@ class Dispatcher:
 
     gpu_name: the device name (default: the current CUDA device); it selects the
     arch and the GPU numbers the features use. tuned_table: a path or dict of
-    exact-hit decisions ({"<dtype>:<M>x<N>x<K>": "config id"}; see ``load_tuned_table``).
+    exact-hit decisions ({"<dtype>:<M>x<N>x<K>": "config id"}; see ``add_tuned_table``).
     cache_size: LRU capacity of decisions. threads: onnxruntime intra-op threads.
     precompute: {dtype: [(N, K), ...]} to decide at load time over the default M grid
     (powers of two up to 16384), so serving starts with a warm cache.

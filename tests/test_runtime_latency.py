@@ -63,3 +63,14 @@ def test_precompute_at_load_time(rank_dir):
     assert d.cache_info()["entries"] == 2 * 15  # two (N, K) x M in 1, 2, 4, ..., 16384
     hit = d.select(64, 4096, 4096, "fp8")
     assert d.select(64, 4096, 4096, "fp8") is hit
+
+
+@pytest.mark.parametrize("bad", [[1, 2], {"op": "gemm", "dtypes": 5, "arch": "sm90"}, "text"])
+def test_malformed_manifest_falls_back_without_raising(rank_dir, tmp_path, bad):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    shutil.copy(rank_dir / "gemm-sm90.onnx", folder / "gemm-sm90.onnx")
+    (folder / "gemm-sm90.json").write_text(json.dumps(bad))
+    with pytest.warns(UserWarning):
+        c = Dispatcher(gpu_name=H100, models_dir=str(folder)).select(64, 4096, 4096, "fp8")
+    assert c.source == "heuristic"
