@@ -39,6 +39,8 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=None, help="model folder (default: the shipped models)")
     ap.add_argument("--out", default="benchmarks/results/runtime")
     ap.add_argument("--cold", type=int, default=500)
+    ap.add_argument("--warm", type=int, default=1000, help="distinct cached problems in the warm loop")
+    ap.add_argument("--mixed", type=int, default=10_000, help="dispatches per thread in the concurrency check")
     args = ap.parse_args(argv)
 
     from gemm_costmodel.runtime import Dispatcher
@@ -76,12 +78,12 @@ def main(argv=None) -> int:
 
     # -- warm overhead -----------------------------------------------------------------
     d = Dispatcher(gpu_name=args.gpu, models_dir=args.models)
-    probs = list(dict.fromkeys(_problems(3000, seed=2)))[:1000]
+    probs = list(dict.fromkeys(_problems(3 * args.warm, seed=2)))[: args.warm]
     for p in probs:
         d.select(*p)
     bare = {(m, n, k, dt, 1, 1): "x" for m, n, k, dt in probs}
     per_sel, per_dict = [], []
-    for _ in range(30):
+    for _ in range(30 if args.warm >= 1000 else 5):
         t = time.perf_counter()
         for m, n, k, dt in probs:
             d.select(m, n, k, dt)
@@ -96,7 +98,7 @@ def main(argv=None) -> int:
 
     # -- concurrency ----------------------------------------------------------------------
     d1 = Dispatcher(gpu_name=args.gpu, models_dir=args.models, cache_size=256)
-    mixed = _problems(10_000, seed=3)
+    mixed = _problems(args.mixed, seed=3)
     expected = [d1.select(*p).candidate for p in mixed]
     d8 = Dispatcher(gpu_name=args.gpu, models_dir=args.models, cache_size=256)  # small cache: evictions race too
     errors, mismatches = [], [0]
