@@ -14,17 +14,13 @@ from __future__ import annotations
 import argparse
 import glob
 import json
-import math
 import os
 import statistics
 import time
 
 import numpy as np
 
-
-def _geomean(xs):
-    xs = [x for x in xs if x and math.isfinite(x) and x > 0]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+from gemm_costmodel.datacard import geomean
 
 
 def main(argv=None) -> int:
@@ -150,17 +146,17 @@ def main(argv=None) -> int:
     summary = {
         "gpu": gpu, "provenance": {k: v for k, v in prov.items() if k != "hostname"},
         "shapes": len(rows), "shapes_timed": len(ok),
-        "dispatched_over_oracle_geomean": _geomean([x["dispatched_us"] / x["oracle_us"] for x in ok]),
-        "dispatched_over_cublas_geomean": _geomean([x["dispatched_us"] / x["cublas_us"] for x in ok
+        "dispatched_over_oracle_geomean": geomean([x["dispatched_us"] / x["oracle_us"] for x in ok]),
+        "dispatched_over_cublas_geomean": geomean([x["dispatched_us"] / x["cublas_us"] for x in ok
                                                     if x.get("cublas_status") == "ok"]),
-        "oracle_over_cublas_geomean": _geomean([x["oracle_us"] / x["cublas_us"] for x in ok
+        "oracle_over_cublas_geomean": geomean([x["oracle_us"] / x["cublas_us"] for x in ok
                                                 if x.get("cublas_status") == "ok"]),
         "match_2pct": float(np.mean([x["dispatched_us"] <= 1.02 * x["oracle_us"] for x in ok])) if ok else float("nan"),
         "same_as_oracle": float(np.mean([x["dispatched"] == x["oracle"] for x in ok])) if ok else float("nan"),
         "by_dtype": {},
-        "holdout_over_oracle_geomean": _geomean([x["holdout_us"] / x["oracle_us"] for x in ok
+        "holdout_over_oracle_geomean": geomean([x["holdout_us"] / x["oracle_us"] for x in ok
                                                  if x.get("holdout_status") == "ok"]),
-        "holdout_over_cublas_geomean": _geomean([x["holdout_us"] / x["cublas_us"] for x in ok
+        "holdout_over_cublas_geomean": geomean([x["holdout_us"] / x["cublas_us"] for x in ok
                                                  if x.get("holdout_status") == "ok" and x.get("cublas_status") == "ok"]),
         "holdout_match_2pct": float(np.mean([x["holdout_us"] <= 1.02 * x["oracle_us"] for x in ok
                                              if x.get("holdout_status") == "ok"])) if dh is not None and ok else None,
@@ -175,10 +171,10 @@ def main(argv=None) -> int:
         sub = [x for x in ok if x["dtype"] == dt]
         summary["by_dtype"][dt] = {
             "shapes": len(sub),
-            "dispatched_over_oracle_geomean": _geomean([x["dispatched_us"] / x["oracle_us"] for x in sub]),
-            "dispatched_over_cublas_geomean": _geomean([x["dispatched_us"] / x["cublas_us"] for x in sub
+            "dispatched_over_oracle_geomean": geomean([x["dispatched_us"] / x["oracle_us"] for x in sub]),
+            "dispatched_over_cublas_geomean": geomean([x["dispatched_us"] / x["cublas_us"] for x in sub
                                                         if x.get("cublas_status") == "ok"]),
-            "holdout_over_oracle_geomean": _geomean([x["holdout_us"] / x["oracle_us"] for x in sub
+            "holdout_over_oracle_geomean": geomean([x["holdout_us"] / x["oracle_us"] for x in sub
                                                      if x.get("holdout_status") == "ok"]),
         }
     with open(os.path.join(args.out, "dispatch_gpu.jsonl"), "w", encoding="utf-8") as fh:

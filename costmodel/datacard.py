@@ -14,6 +14,7 @@ M_BUCKETS = [(1, 1), (2, 16), (17, 64), (65, 256), (257, 1024), (1025, 4096), (4
 
 
 def geomean(x) -> float:
+    """Geometric mean of the finite positive values (NaN if none)."""
     x = np.asarray(list(x), dtype=float)
     x = x[np.isfinite(x) & (x > 0)]
     return float(np.exp(np.log(x).mean())) if len(x) else float("nan")

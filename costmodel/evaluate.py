@@ -17,9 +17,9 @@ import pandas as pd
 
 from gemm_costmodel import features as F
 from gemm_costmodel import hardware, heuristic
+from gemm_costmodel.datacard import DEFAULT_CONFIG, geomean  # noqa: F401 - geomean is part of this API
 from gemm_costmodel.model import SHAPE_COLS, CostModel, TrainConfig, training_rows
 
-DEFAULT_CONFIG = "tiled_m128n128k64_g8_w4s3"
 TOPK = (1, 2, 4, 8)
 MATCH_TOL = 1.02
 METHODS = ("model", "oracle", "cublas", "default", "best_static", "heuristic", "nearest_neighbor")
@@ -63,13 +63,6 @@ def per_shape(ev: pd.DataFrame, score: np.ndarray) -> pd.DataFrame:
     out["shape"] = (out["gpu_name"].astype(str) + ":" + out["dtype"].astype(str) + ":" + out["m"].astype(str) + "x"
                     + out["n"].astype(str) + "x" + out["k"].astype(str))
     return out
-
-
-def geomean(x) -> float:
-    """Geometric mean of the finite positive values (NaN if none)."""
-    x = np.asarray(x, dtype=np.float64)
-    x = x[np.isfinite(x) & (x > 0)]
-    return float(np.exp(np.log(x).mean())) if len(x) else float("nan")
 
 
 def summarize(ps: pd.DataFrame) -> dict:

@@ -18,14 +18,14 @@ from typing import Callable, Mapping
 import numpy as np
 
 from gemm_costmodel.hardware import GpuSpec
+from gemm_costmodel.kernels.gemm_configs import DTYPE_BYTES as IN_BYTES
+from gemm_costmodel.kernels.gemm_configs import OUT_DTYPE, VARIANT_CODES
+from gemm_costmodel.kernels.gemm_configs import PARAM_NAMES as PARAMS
 
 FEATURE_VERSION = 1
 
-VARIANT_CODES = {"tiled": 0, "splitk": 1, "persistent": 2, "vendor": 3}
 DTYPE_CODES = {"bf16": 0, "fp16": 1, "fp8": 2, "fp32": 3}
-IN_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
-OUT_BYTES = {"bf16": 2, "fp16": 2, "fp8": 2, "fp32": 4}
-PARAMS = ("block_m", "block_n", "block_k", "group_m", "split_k", "num_warps", "num_stages")
+OUT_BYTES = {d: IN_BYTES[OUT_DTYPE[d]] for d in IN_BYTES}
 
 _IN_B = [float(IN_BYTES[d]) for d in DTYPE_CODES]
 _OUT_B = [float(OUT_BYTES[d]) for d in DTYPE_CODES]
@@ -182,6 +182,13 @@ def gpu_columns(spec: GpuSpec, dtype: str) -> dict:
     """The GPU base columns for one dtype."""
     return {"sm_count": spec.sm_count, "smem_per_sm_kb": spec.smem_per_sm_kb, "l2_mb": spec.l2_mb,
             "peak_tflops": spec.peak_tflops(dtype), "hbm_gbps": spec.hbm_gbps}
+
+
+def problem_columns(m: int, n: int, k: int, dtype: str, spec: GpuSpec, variant_code, params: Mapping,
+                    e: int = 1, top_k: int = 1) -> dict:
+    """Base columns of one problem on one GPU against candidates given as arrays (or scalars)."""
+    return {"m": m, "n": n, "k": k, "e": e, "top_k": top_k, "dtype_code": DTYPE_CODES[dtype],
+            "variant_code": variant_code, **{p: params[p] for p in PARAMS}, **gpu_columns(spec, dtype)}
 
 
 def from_frame(df, spec_for: Callable[[str], GpuSpec]) -> np.ndarray:

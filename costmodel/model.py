@@ -89,15 +89,20 @@ def shape_ids(df) -> np.ndarray:
     return pd.MultiIndex.from_frame(df[SHAPE_COLS].astype(str)).factorize()[0]
 
 
-def targets(df, formulation: str) -> np.ndarray:
-    """The regression target or ranking label of each row for a formulation."""
+def slowdowns(df) -> np.ndarray:
+    """Each row's p50 over the fastest p50 of its shape."""
     lat = df["p50_us"].to_numpy(dtype=np.float64)
-    if formulation == "log_latency":
-        return np.log2(lat)
     sid = shape_ids(df)
     best = np.full(sid.max() + 1, np.inf)
     np.minimum.at(best, sid, lat)
-    slow = lat / best[sid]
+    return lat / best[sid]
+
+
+def targets(df, formulation: str) -> np.ndarray:
+    """The regression target or ranking label of each row for a formulation."""
+    if formulation == "log_latency":
+        return np.log2(df["p50_us"].to_numpy(dtype=np.float64))
+    slow = slowdowns(df)
     if formulation == "normalized":
         return np.log2(slow)
     return np.clip(RANK_GRADES - np.floor(np.log(slow) / np.log(RANK_STEP)), 0, RANK_GRADES)
@@ -139,11 +144,7 @@ class CostModel:
     def _shortlist(self, rows) -> dict[int, list[str]] | None:
         if not self.config.shortlist_tol:
             return None
-        lat = rows["p50_us"].to_numpy(dtype=np.float64)
-        sid = shape_ids(rows)
-        best = np.full(sid.max() + 1, np.inf)
-        np.minimum.at(best, sid, lat)
-        good = rows[lat <= best[sid] * self.config.shortlist_tol]
+        good = rows[slowdowns(rows) <= self.config.shortlist_tol]
         b = m_bucket_index(good["m"].to_numpy())
         out = {}
         for i in range(len(SHORTLIST_EDGES) + 1):

@@ -269,10 +269,8 @@ class Dispatcher:
         return ct, np.flatnonzero(ct.feasible_mask(m, n, k))
 
     def _features(self, ct, idx, m, n, k, dtype, e, top_k) -> np.ndarray:
-        cols = {"m": m, "n": n, "k": k, "e": e, "top_k": top_k, "dtype_code": F.DTYPE_CODES[dtype],
-                "variant_code": ct.variant_code[idx], **{p: ct.params[p][idx] for p in F.PARAMS},
-                **F.gpu_columns(self.spec, dtype)}
-        return F.compute(cols)
+        params = {p: ct.params[p][idx] for p in F.PARAMS}
+        return F.compute(F.problem_columns(m, n, k, dtype, self.spec, ct.variant_code[idx], params, e, top_k))
 
     def _latencies(self, X: np.ndarray, dtype: str):
         """Predicted latencies (us) of feature rows X from the latency companion, or None."""
@@ -287,7 +285,7 @@ class Dispatcher:
     def _decide(self, m, n, k, dtype, e, top_k, count: int) -> list[Choice]:
         ct, idx = self._feasible(m, n, k, dtype)
         tuned = self._tuned.get((m, n, k, dtype, e, top_k))
-        if tuned is not None and tuned in ct.index and ct.index[tuned] in set(idx.tolist()) and count == 1:
+        if count == 1 and tuned is not None and tuned in ct.index and np.any(idx == ct.index[tuned]):
             return [Choice(tuned, "table")]
         model = self.model_for(dtype)
         if model is not None:

@@ -88,9 +88,8 @@ class PerfModel:
             tiles = -(-m // max(params["block_m"], 1)) * -(-n // max(params["block_n"], 1))
             waves = -(-tiles // (d.spec.sm_count if d.spec else 132))
             return float(waves * params["block_m"] * params["block_n"] * k)
-        cols = {"m": m, "n": n, "k": k, "e": 1, "top_k": 1, "dtype_code": F.DTYPE_CODES[dtype],
-                "variant_code": F.VARIANT_CODES[self.variant], **{p: np.float64(v) for p, v in params.items()},
-                **F.gpu_columns(d.spec, dtype)}
+        cols = F.problem_columns(m, n, k, dtype, d.spec, F.VARIANT_CODES[self.variant],
+                                 {p: np.float64(v) for p, v in params.items()})
         return float(model.score(F.compute(cols))[0])
 
 

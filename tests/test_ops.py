@@ -26,6 +26,20 @@ def _ops_dispatcher(disp):
     ops.set_dispatcher(None)
 
 
+@pytest.fixture
+def launched(monkeypatch):
+    """Config ids passed to kernels.gemm.launch during the test, in order."""
+    ids = []
+    real_launch = K.launch
+
+    def recording_launch(cfg, *a, **kw):
+        ids.append(cfg.id)
+        return real_launch(cfg, *a, **kw)
+
+    monkeypatch.setattr(K, "launch", recording_launch)
+    return ids
+
+
 def _operands(m, n, k, seed=0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn((m, k), generator=g).to(torch.float16)
@@ -60,21 +74,13 @@ def test_gemm_matches_reference(disp, shape):
     ((17, 64, 64), "persistent_m64n64k64_g8_w4s3"),
     ((65, 48, 32), "tiled_m64n64k64_g8_w4s3"),
 ], ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else v)
-def test_gemm_launches_the_dispatched_triton_variant(disp, monkeypatch, shape, cid):
+def test_gemm_launches_the_dispatched_triton_variant(disp, launched, shape, cid):
     # The tiny model mostly picks cuBLAS for these small shapes; a tuned table makes the ops
     # launch each Triton variant instead.
     m, n, k = shape
     d = Dispatcher(gpu_name=GPU, models_dir=disp.models_dir, tuned_table={f"fp16:{m}x{n}x{k}": cid})
     assert d.select(m, n, k, "fp16") == Choice(cid, "table")
     ops.set_dispatcher(d)
-    launched = []
-    real_launch = K.launch
-
-    def recording_launch(cfg, *a, **kw):
-        launched.append(cfg.id)
-        return real_launch(cfg, *a, **kw)
-
-    monkeypatch.setattr(K, "launch", recording_launch)
     x, w = _operands(m, n, k, seed=3)
     assert ops.choose(x, w) == cid
     y = ops.gemm(x, w)
@@ -124,7 +130,7 @@ def test_bad_operands_raise_value_error(case):
         ops.gemm(x, w)
 
 
-def test_unsure_mode_picks_the_fastest_of_the_top_k_and_persists_it(disp, tmp_path, monkeypatch):
+def test_unsure_mode_picks_the_fastest_of_the_top_k_and_persists_it(disp, tmp_path, launched):
     m, n, k = 5, 48, 64
     x, w = _operands(m, n, k, seed=2)
     ranked = disp.rank(m, n, k, "fp16", count=3)
@@ -133,14 +139,6 @@ def test_unsure_mode_picks_the_fastest_of_the_top_k_and_persists_it(disp, tmp_pa
     fake = {c.candidate: 3.0 - i for i, c in enumerate(ranked)}
     winner = ranked[2].candidate
 
-    launched = []
-    real_launch = K.launch
-
-    def recording_launch(cfg, *a, **kw):
-        launched.append(cfg.id)
-        return real_launch(cfg, *a, **kw)
-
-    monkeypatch.setattr(K, "launch", recording_launch)
     benched = []
 
     def bench(fn):
