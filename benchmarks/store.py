@@ -100,10 +100,13 @@ class ResultStore:
 
 
 def read_rows(paths) -> list[dict]:
-    """All complete rows of the given JSONL files."""
+    """All complete rows of the given JSONL files (gzipped ones too: shards are committed as .gz)."""
+    import gzip
+
     rows = []
     for p in paths:
-        with open(p, encoding="utf-8") as fh:
+        opener = gzip.open if str(p).endswith(".gz") else open
+        with opener(p, "rt", encoding="utf-8") as fh:
             for line in fh:
                 line = line.strip()
                 if line:

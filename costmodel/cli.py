@@ -140,7 +140,7 @@ def cmd_dataset(args) -> int:
             raws = sorted(p for pat in args.raw for p in (glob.glob(pat) or [pat]))
             if not raws:
                 return _fail("no raw shard files given")
-            for path in D.build_parquet(raws, args.root):
+            for path in D.build_parquet(raws, args.root, log=lambda msg: print(msg, file=sys.stderr)):
                 print(path)
             return 0
         paths = args.files or None

@@ -177,7 +177,9 @@ def merge_duplicates(df: pd.DataFrame) -> pd.DataFrame:
     has_ok = df.groupby(KEY, sort=False)["_ok"].transform("any")
     df = df[df["_ok"] | ~has_ok]
     agg = {c: "first" for c in df.columns if c not in KEY and c != "_ok"}
-    agg.update(p20_us="median", p50_us="median", p80_us="median", stable="all")
+    # A key measured by an evaluation sweep belongs to a complete shape, even if a
+    # training sweep sampled it too.
+    agg.update(p20_us="median", p50_us="median", p80_us="median", stable="all", eval_shape="any")
     out = df.groupby(KEY, sort=False, as_index=False).agg(agg)
     return out[list(SCHEMA)].reset_index(drop=True)
 
@@ -204,11 +206,48 @@ def load_dataset(paths=None, root: str = "datasets") -> pd.DataFrame:
     return typed(merge_duplicates(pd.concat(frames, ignore_index=True)))
 
 
-def build_parquet(raw_paths, out_root: str = "datasets") -> list[str]:
-    """Convert harness shards (JSONL[.gz]) to parquet under out_root/<dtype>/, split to stay < 50 MB."""
+def demote_incomplete_eval_shapes(df: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple]]:
+    """Clear ``eval_shape`` on dense harness shapes missing some feasible candidate.
+
+    A sweep stopped mid-shape leaves an evaluation shape whose oracle is not
+    exact; so does a later change of the config space. Such a shape keeps its
+    rows as training data until a resumed sweep completes it. Returns the frame
+    and the demoted (gpu_name, dtype, m, n, k) keys.
+    """
+    from gemm_costmodel.kernels.gemm_configs import Problem, feasible_configs
+
+    sel = df["eval_shape"].astype(bool) & (df["op"] == "gemm") & (df["source"] == "harness")
+    if not sel.any():
+        return df, []
+    keys = ["arch", "gpu_name", "dtype", "m", "n", "k"]
+    demoted = []
+    for (arch, gpu, dtype, m, n, k), present in df[sel].groupby(keys, observed=True)["candidate"]:
+        try:
+            expected = {c.id for c in feasible_configs(Problem(int(m), int(n), int(k), str(dtype)), str(arch))}
+        except (KeyError, ValueError):
+            continue  # an arch or dtype without a generated space: nothing to compare with
+        if not expected <= set(present):
+            demoted.append((gpu, dtype, int(m), int(n), int(k)))
+    if demoted:
+        bad = pd.MultiIndex.from_frame(df[["gpu_name", "dtype", "m", "n", "k"]]).isin(demoted)
+        df = df.copy()
+        df.loc[sel.to_numpy() & bad, "eval_shape"] = False
+    return df, demoted
+
+
+def build_parquet(raw_paths, out_root: str = "datasets", log=None) -> list[str]:
+    """Convert harness shards (JSONL[.gz]) to parquet under out_root/<dtype>/, split to stay < 50 MB.
+
+    Evaluation shapes that miss a feasible candidate are stored as training
+    shapes (see ``demote_incomplete_eval_shapes``); ``log`` hears about each file
+    that had some.
+    """
     written = []
     for raw in raw_paths:
-        df = read_file(raw)
+        df, demoted = demote_incomplete_eval_shapes(read_file(raw))
+        if demoted and log is not None:
+            log(f"{raw}: {len(demoted)} incomplete evaluation shape(s) stored as training shapes: "
+                + ", ".join(f"{d}:{m}x{n}x{k}" for _, d, m, n, k in demoted[:5]))
         stem = Path(raw).name.replace(".jsonl.gz", "").replace(".jsonl", "")
         for dtype, part in df.groupby("dtype", observed=True):
             folder = Path(out_root) / dtype

@@ -137,6 +137,27 @@ def test_build_parquet_roundtrip(tmp_path):
     assert df.loc[df["m"] == 7, "op"].iloc[0] == "gemm" and df["e"].eq(1).all()
 
 
+def _eval_rows(m, n, k, dtype="fp16", drop=0):
+    from gemm_costmodel.kernels.gemm_configs import Problem, config_params, feasible_configs
+
+    cfgs = feasible_configs(Problem(m, n, k, dtype), "sm90")
+    return [good_row(m=m, n=n, k=k, dtype=dtype, candidate=c.id, variant=c.variant, eval_shape=True,
+                     **config_params(c)) for c in cfgs[: len(cfgs) - drop]]
+
+
+def test_build_demotes_incomplete_eval_shapes(tmp_path):
+    # Two evaluation shapes: one with every feasible candidate, one cut short
+    # by a stopped sweep (its last candidate missing).
+    raw = write_jsonl(tmp_path / "eval-fp16-shard01of40.jsonl.gz",
+                      _eval_rows(7, 96, 64) + _eval_rows(33, 96, 64, drop=1))
+    msgs = []
+    D.build_parquet([raw], str(tmp_path / "ds"), log=msgs.append)
+    df = D.load_dataset(root=str(tmp_path / "ds"))
+    per_shape = df.groupby("m")["eval_shape"].agg(["all", "any"])
+    assert per_shape.loc[7, "all"] and not per_shape.loc[33, "any"]
+    assert len(msgs) == 1 and "1 incomplete evaluation shape" in msgs[0] and "fp16:33x96x64" in msgs[0]
+
+
 def test_import_csv_keeps_foreign_arch(tmp_path):
     p = tmp_path / "t.csv"
     p.write_text("M,N,K,dtype,candidate,latency_us,arch,gpu_name\n"
