@@ -60,21 +60,41 @@ def cmd_bench(args) -> int:
     path = os.path.join(args.out, f"{args.name}-shard{shard[0]:02d}of{shard[1]:02d}.jsonl")
     prov = provenance.collect(torch.cuda.current_device())
     timer = timing.GraphTimer() if args.timer == "graph" else timing.DoBenchTimer()
-    with ResultStore(path) as store:
-        if args.precompile:
-            todo = []
-            for s in mine:
-                p = Problem(s.m, s.n, s.k, s.dtype)
-                todo.append((p, harness.select_candidates(p, args.mode, args.seed, args.arch)))
-            precompile.precompile(todo, workers=args.workers, log=lambda m: print(m, file=sys.stderr))
-        stats = harness.run_sweep(mine, store, timer, mode=args.mode, seed=args.seed, arch=args.arch,
-                                  provenance=prov, suite=args.name, progress=not args.quiet,
-                                  time_budget_s=args.time_budget or None)
+    stop_on_sigterm()
+    try:
+        with ResultStore(path) as store:
+            if args.precompile:
+                todo = []
+                for s in mine:
+                    p = Problem(s.m, s.n, s.k, s.dtype)
+                    todo.append((p, harness.select_candidates(p, args.mode, args.seed, args.arch)))
+                precompile.precompile(todo, workers=args.workers, log=lambda m: print(m, file=sys.stderr))
+            stats = harness.run_sweep(mine, store, timer, mode=args.mode, seed=args.seed, arch=args.arch,
+                                      provenance=prov, suite=args.name, progress=not args.quiet,
+                                      time_budget_s=args.time_budget or None)
+    except KeyboardInterrupt:
+        print(f"costmodel: stopped; {path} keeps every finished row, rerun the same command to resume",
+              file=sys.stderr)
+        return 130
     print(json.dumps({"file": path, "shapes": stats.shapes, "measured": stats.measured,
                       "skipped": stats.skipped, "failed": stats.failed,
                       "seconds": round(stats.seconds, 1), "measurements_per_s": round(stats.rate, 1),
                       "stopped_early": stats.stopped_early}))
     return 0
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM (``timeout``, a job scheduler) stop a sweep the way Ctrl-C does.
+
+    The sweep then clears its in-flight marker, so the resume measures the
+    interrupted candidate again instead of recording it as a crash.
+    """
+    import signal
+
+    def _raise(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _raise)
 
 
 def _spawn_per_device(args) -> int:

@@ -197,6 +197,32 @@ def test_kill_inside_candidate_then_resume(baseline, tmp_path, nth):
     assert same_rows(rows, baseline[1])
 
 
+def test_sigterm_inside_candidate_stops_like_ctrl_c(baseline, tmp_path):
+    """`timeout` sends SIGTERM: no crash marker is left and the resume completes the run."""
+    import os
+    import signal
+
+    from gemm_costmodel.cli import stop_on_sigterm
+
+    def term_on_third(key, calls=[]):  # noqa: B006 - call counter
+        calls.append(key)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return latency(key)
+
+    old = signal.getsignal(signal.SIGTERM)
+    try:
+        stop_on_sigterm()
+        path = tmp_path / "run.jsonl"
+        with pytest.raises(KeyboardInterrupt):
+            sweep(path, timer=FakeTimer(term_on_third))
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert len(rows_of(path)) == 2 and not (tmp_path / "run.jsonl.inflight").exists()
+    stats, timer = sweep(path)
+    assert timer.calls == TOTAL - 2 and same_rows(rows_of(path), baseline[1])
+
+
 def test_torn_last_line_truncated_and_remeasured(baseline, tmp_path):
     path = copy_of(baseline, tmp_path)
     lines = path.read_bytes().splitlines(keepends=True)
