@@ -212,7 +212,7 @@ def _train_config(args):
     from gemm_costmodel.model import TrainConfig
 
     return TrainConfig(formulation=args.formulation, n_estimators=args.trees, max_depth=args.depth,
-                       learning_rate=args.eta, n_jobs=args.jobs, seed=args.seed)
+                       learning_rate=args.eta, n_jobs=args.jobs, seed=args.seed, eval_weight=args.eval_weight)
 
 
 def _load_frame(args):
@@ -390,6 +390,8 @@ def cmd_select(args) -> int:
 
 
 def _model_args(p, report: bool = False, train: bool = False) -> None:
+    from gemm_costmodel.model import TrainConfig  # numpy only: no training dependency at parse time
+
     p.add_argument("--data", nargs="*", help="data files (default: all parquet under --root)")
     p.add_argument("--root", default="datasets")
     p.add_argument("--dtype", nargs="+", default=None, choices=["bf16", "fp16", "fp8"], help="default: all")
@@ -398,6 +400,8 @@ def _model_args(p, report: bool = False, train: bool = False) -> None:
     p.add_argument("--formulation", default="rank", choices=["log_latency", "normalized", "rank"])
     p.add_argument("--trees", type=int, default=100)
     p.add_argument("--depth", type=int, default=6)
+    p.add_argument("--eval-weight", type=float, default=TrainConfig.eval_weight,
+                   help="weight of an evaluation shape (every candidate measured) vs a sampled one")
     p.add_argument("--eta", type=float, default=0.2)
     p.add_argument("--jobs", type=int, default=2, help="xgboost threads")
     p.add_argument("--seed", type=int, default=0)

@@ -52,12 +52,18 @@ class TrainConfig:
     # Candidates scored at runtime: per M bucket, those within this factor of a training
     # shape's best (plus cuBLAS). Keeps the cold decision cheap; 0 disables the shortlist.
     shortlist_tol: float = 1.05
+    # Weight of an evaluation shape (every candidate measured) against a sampled training
+    # shape (48 configs + cuBLAS). Only a complete shape shows where the true best Triton
+    # config stands against cuBLAS; in a sampled one cuBLAS only meets a random 48.
+    eval_weight: float = 3.0
 
     def __post_init__(self):
         if self.formulation not in FORMULATIONS:
             raise ValueError(f"formulation must be one of {FORMULATIONS}, got {self.formulation!r}")
         if self.n_estimators < 1 or self.max_depth < 1:
             raise ValueError("n_estimators and max_depth must be >= 1")
+        if not self.eval_weight > 0:
+            raise ValueError(f"eval_weight must be > 0, got {self.eval_weight!r}")
 
     def with_(self, **kw) -> "TrainConfig":
         return replace(self, **kw)
@@ -129,8 +135,12 @@ class CostModel:
         X = F.from_frame(rows, hardware.spec_for)
         y = targets(rows, self.config.formulation)
         dm = xgb.DMatrix(X, label=y)
+        weight = np.where(rows["eval_shape"].astype(bool).to_numpy(), self.config.eval_weight, 1.0)
         if self.config.formulation == "rank":
             dm.set_group(rows.groupby("_sid", sort=True).size().to_numpy())
+            # Ranking weights are per query: a shape's rows share its eval_shape flag.
+            weight = rows.assign(_w=weight).groupby("_sid", sort=True)["_w"].max().to_numpy()
+        dm.set_weight(weight)
         callbacks = [progress] if progress is not None else None
         self.booster_ = xgb.train(self.config.xgb_params(), dm, num_boost_round=self.config.n_estimators,
                                   callbacks=callbacks)

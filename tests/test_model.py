@@ -148,6 +148,33 @@ def test_unstable_and_failed_rows_are_not_trained_on(fp8):
     assert loose.n_rows_ == len(df) - len(crash)
 
 
+@pytest.mark.parametrize("formulation", ["log_latency", "rank"])
+def test_evaluation_shapes_carry_eval_weight(fp8, formulation, monkeypatch):
+    import xgboost as xgb
+
+    seen = {}
+    real_train = xgb.train
+
+    def spy(params, dtrain, *a, **kw):
+        seen["w"] = dtrain.get_weight()
+        seen["groups"] = dtrain.get_uint_info("group_ptr")
+        return real_train(params, dtrain, *a, **kw)
+
+    monkeypatch.setattr(xgb, "train", spy)
+    CostModel(SMALL.with_(n_estimators=2, formulation=formulation, eval_weight=5.0)).fit(fp8)
+    rows = training_rows(fp8)
+    if formulation == "rank":
+        # One weight per query (shape), 5 for evaluation shapes.
+        per_shape = rows.groupby(shape_ids(rows))["eval_shape"].first()
+        assert len(seen["w"]) == len(seen["groups"]) - 1 == len(per_shape)
+        assert sorted(seen["w"]) == sorted(np.where(per_shape, 5.0, 1.0))
+    else:
+        assert sorted(seen["w"]) == sorted(np.where(rows["eval_shape"].astype(bool), 5.0, 1.0))
+    assert (seen["w"] == 5.0).any() and (seen["w"] == 1.0).any()
+    with pytest.raises(ValueError, match="eval_weight"):
+        SMALL.with_(eval_weight=0)
+
+
 def test_relative_formulations_drop_single_row_shapes(fp8):
     df = fp8.copy()
     # A shape left with one stable row has nothing to compare against.
