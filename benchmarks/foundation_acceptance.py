@@ -116,7 +116,8 @@ def throughput(out_dir, prov, workers, n_cands=48):
     t_db = time.perf_counter() - t0
     res = {"harness_measurements": stats.measured, "harness_seconds": stats.seconds,
            "harness_per_s": stats.rate, "do_bench_measurements": n, "do_bench_seconds": t_db,
-           "do_bench_per_s": n / t_db, "shapes": [s.key for s in THROUGHPUT_SHAPES]}
+           "do_bench_per_s": n / t_db, "shapes": [s.key for s in THROUGHPUT_SHAPES],
+           "harness_phase_seconds": stats.phase_seconds}
     json.dump(res, open(os.path.join(out_dir, "throughput.json"), "w"), indent=1)
     log(f"throughput: harness {res['harness_per_s']:.0f}/s (gate + graph timing), do_bench loop "
         f"{res['do_bench_per_s']:.0f}/s")

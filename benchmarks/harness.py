@@ -13,7 +13,7 @@ import hashlib
 import random
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
 from ..kernels.gemm_configs import (GemmConfig, Problem, VendorConfig, config_params,
@@ -71,6 +71,9 @@ class SweepStats:
     failed: int = 0
     seconds: float = 0.0
     stopped_early: bool = False
+    # Where the seconds went (inputs + reference, correctness gate, timing, store
+    # writes): tells what to speed up next without a profiler on the GPU machine.
+    phase_seconds: dict = field(default_factory=lambda: {"setup": 0.0, "gate": 0.0, "timing": 0.0, "store": 0.0})
 
     @property
     def rate(self) -> float:
@@ -118,12 +121,14 @@ def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all",
             if time_budget_s is not None and t_shape - t_start > time_budget_s:
                 stats.stopped_early = True
                 break
+            phase = stats.phase_seconds
             gen = torch.Generator(device=device)
             gen.manual_seed(C.seed_for(prob, seed))
             first = C.make_operands(prob, device, gen)
             n_copies = copies_for(first.nbytes, l2) if device != "cpu" else 1
             ops = [first] + [C.make_operands(prob, device, gen) for _ in range(n_copies - 1)]
             ref = C.reference(first)
+            phase["setup"] += time.perf_counter() - t_shape
             base = {
                 "suite": suite, "m": sh.m, "n": sh.n, "k": sh.k, "dtype": sh.dtype,
                 "family": sh.family, "origins": ";".join(sh.origins[:8]),
@@ -146,9 +151,12 @@ def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all",
                     stats.failed += 1
                     bar and bar.update(1)
                     continue
+                t0 = time.perf_counter()
                 store.begin(key)
                 status, err, detail = C.gate(cfg, first, ref, sh.dtype)
                 row.update(status=status, rel_err=err, error=detail)
+                t1 = time.perf_counter()
+                phase["gate"] += t1 - t0
                 if status == C.STATUS_OK:
                     try:
                         t = timer.measure(lambda i, c=cfg: ops[i].run(c), n_copies, key="|".join(map(str, key)))
@@ -159,9 +167,12 @@ def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all",
                         row.update(status=C.classify_exception(exc), error=f"timing: {str(exc)[:300]}")
                 if row["status"] != C.STATUS_OK:
                     stats.failed += 1
+                t2 = time.perf_counter()
+                phase["timing"] += t2 - t1
                 row["timestamp"] = now()
                 store.append(row)
                 store.end()
+                phase["store"] += time.perf_counter() - t2
                 bar and bar.update(1)
                 if row["status"] == C.STATUS_CRASH:
                     raise RuntimeError(f"CUDA context lost at {cfg.id} on {sh.key}; rerun to resume")

@@ -79,7 +79,8 @@ def cmd_bench(args) -> int:
     print(json.dumps({"file": path, "shapes": stats.shapes, "measured": stats.measured,
                       "skipped": stats.skipped, "failed": stats.failed,
                       "seconds": round(stats.seconds, 1), "measurements_per_s": round(stats.rate, 1),
-                      "stopped_early": stats.stopped_early}))
+                      "stopped_early": stats.stopped_early,
+                      "phase_seconds": {k: round(v, 1) for k, v in stats.phase_seconds.items()}}))
     return 0
 
 

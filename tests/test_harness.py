@@ -223,6 +223,20 @@ def test_sigterm_inside_candidate_stops_like_ctrl_c(baseline, tmp_path):
     assert timer.calls == TOTAL - 2 and same_rows(rows_of(path), baseline[1])
 
 
+def test_sweep_reports_where_the_time_went(tmp_path):
+    import time as _time
+
+    def slow(key):
+        _time.sleep(0.004)
+        return latency(key)
+
+    stats, timer = sweep(tmp_path / "run.jsonl", timer=FakeTimer(slow))
+    ph = stats.phase_seconds
+    assert set(ph) == {"setup", "gate", "timing", "store"} and min(ph.values()) > 0
+    assert ph["timing"] >= 0.004 * timer.calls  # the timer's sleeps land in 'timing'
+    assert sum(ph.values()) <= stats.seconds
+
+
 def test_torn_last_line_truncated_and_remeasured(baseline, tmp_path):
     path = copy_of(baseline, tmp_path)
     lines = path.read_bytes().splitlines(keepends=True)
