@@ -211,21 +211,27 @@ def num_sms(device_index: int) -> int:
 
 PERSISTENT_FLATTEN = True
 SPLITK_SERIAL = True  # one-launch split-K (arrival counters) instead of partials + reduce kernel
-_COUNTERS: dict = {}
+_ZEROED: dict = {}
+
+
+def zeroed_buffer(kind: str, device: torch.device, n: int, dtype: torch.dtype, min_numel: int) -> torch.Tensor:
+    """A zeroed buffer of at least n elements, kept per (kind, device); the kernels
+    that use it leave it zeroed again.
+
+    Allocated on first use (the warm-up call, outside any CUDA graph capture);
+    one stream at a time may use it, as is the case in a serving engine.
+    """
+    key = (kind, str(device))
+    buf = _ZEROED.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, min_numel), dtype=dtype, device=device)
+        _ZEROED[key] = buf
+    return buf
 
 
 def _arrival_counters(device: torch.device, n: int) -> torch.Tensor:
-    """Zeroed int32 per-tile counters, kept per device; kernels leave them zero again.
-
-    Allocated on first use (the warm-up call, outside any CUDA graph capture);
-    one stream at a time may use them, as is the case in a serving engine.
-    """
-    key = str(device)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device)
-        _COUNTERS[key] = buf
-    return buf
+    """Zeroed int32 per-tile counters (see zeroed_buffer)."""
+    return zeroed_buffer("counters", device, n, torch.int32, 1 << 16)
 
 
 def _device_index(t: torch.Tensor) -> int:
@@ -272,6 +278,17 @@ def alloc_output(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.empty((x.shape[0], w.shape[0]), dtype=out_dtype, device=x.device)
 
 
+def launch_args(x: torch.Tensor, w: torch.Tensor, out, scale_a, scale_b):
+    """(M, N, K, out, has_scale, sa, sb) shared by the launchers: the output is allocated
+    if not given, and without fp8 scales the scale pointers are dummies (never read)."""
+    M, K = x.shape
+    N = w.shape[0]
+    if out is None:
+        out = alloc_output(x, w)
+    has_scale = x.dtype == torch.float8_e4m3fn
+    return M, N, K, out, has_scale, (scale_a if has_scale else x), (scale_b if has_scale else x)
+
+
 def launch(cfg: GemmConfig, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
            scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None) -> torch.Tensor:
     """Run candidate ``cfg`` for y = x @ w.T (times scale_a * scale_b for fp8). Returns y.
@@ -279,13 +296,7 @@ def launch(cfg: GemmConfig, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor 
     Does not validate its arguments (hot path); call check_operands first on
     untrusted input. Never synchronises the device, so it is CUDA-graph safe.
     """
-    M, K = x.shape
-    N = w.shape[0]
-    if out is None:
-        out = alloc_output(x, w)
-    has_scale = x.dtype == torch.float8_e4m3fn
-    sa = scale_a if has_scale else x
-    sb = scale_b if has_scale else x
+    M, N, K, out, has_scale, sa, sb = launch_args(x, w, out, scale_a, scale_b)
     if isinstance(cfg, TiledConfig):
         grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
         gemm_tiled_kernel[grid](
