@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -102,11 +103,15 @@ def check_output(y: torch.Tensor, ref: torch.Tensor, dtype: str) -> tuple[bool, 
     return True, err, ""
 
 
-def gate(cfg: GemmConfig, ops: Operands, ref: torch.Tensor, dtype: str) -> tuple[str, float, str]:
-    """Run cfg once on poisoned output and check it. Returns (status, rel_err, detail)."""
+def gate(cfg: GemmConfig, ops: Operands, ref: torch.Tensor, dtype: str,
+         run: Callable[[], torch.Tensor] | None = None) -> tuple[str, float, str]:
+    """Run cfg once on poisoned output and check it. Returns (status, rel_err, detail).
+
+    ``run`` launches a kernel outside the committed family (explorations) on ``ops``.
+    """
     ops.out.fill_(float("nan"))
     try:
-        y = ops.run(cfg)
+        y = run() if run is not None else ops.run(cfg)
         if y.is_cuda:
             torch.cuda.synchronize(y.device)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a status row

@@ -24,24 +24,18 @@ from gemm_costmodel import shapes as S
 from gemm_costmodel.benchmarks import correctness as C
 from gemm_costmodel.benchmarks import provenance, summary, timing
 from gemm_costmodel.kernels import gemm_streamk as SK
-from gemm_costmodel.kernels.gemm_configs import (DTYPE_BYTES, OUT_DTYPE, Problem, VendorConfig,
-                                                 feasible_configs)
+from gemm_costmodel.kernels.gemm_configs import DTYPE_BYTES, Problem, VendorConfig, feasible_configs
 
 STREAMK = [SK.StreamKConfig(bm, bn, 64, 8, w, s, p)
            for (bm, bn, w, s), p in itertools.product(
                ((128, 256, 8, 3), (128, 128, 4, 4), (128, 128, 8, 3), (64, 256, 4, 4)), (1, 2))]
 
 
-def _gate_and_time(timer, run, ops, ref, dtype):
-    ops[0].out.fill_(float("nan"))
-    try:
-        y = run(ops[0])
-        torch.cuda.synchronize()
-    except Exception as exc:  # noqa: BLE001 - a failure is reported, not fatal
-        return None, f"{type(exc).__name__}: {str(exc)[:200]}"
-    ok, err, why = C.check_output(y, ref, dtype)
-    if not ok:
-        return None, why
+def _gate_and_time(timer, cfg, run, ops, ref, dtype):
+    """p50 in us of run(operand set) after the correctness gate, or (None, why)."""
+    status, _, why = C.gate(cfg, ops[0], ref, dtype, run=lambda: run(ops[0]))
+    if status != C.STATUS_OK:
+        return None, f"{status}: {why}"
     return timer.measure(lambda i: run(ops[i]), len(ops)).p50_us, ""
 
 
@@ -69,12 +63,13 @@ def main():
         ops = [first] + [C.make_operands(p, "cuda", gen) for _ in range(n_copies - 1)]
         ref = C.reference(first)
         row = {"m": p.m, "n": p.n, "k": p.k, "base_id": best_id, "streamk": {}, "failures": {}}
-        row["base_us"], _ = _gate_and_time(timer, lambda o: o.run(best_cfg), ops, ref, p.dtype)
-        row["cublas_us"], _ = _gate_and_time(timer, lambda o: o.run(VendorConfig()), ops, ref, p.dtype)
+        row["base_us"], _ = _gate_and_time(timer, best_cfg, lambda o: o.run(best_cfg), ops, ref, p.dtype)
+        row["cublas_us"], _ = _gate_and_time(timer, VendorConfig(), lambda o: o.run(VendorConfig()), ops, ref,
+                                              p.dtype)
         for cfg in STREAMK:
-            if not SK.feasible(cfg, p.m, p.n, p.k, DTYPE_BYTES[p.dtype], DTYPE_BYTES[OUT_DTYPE[p.dtype]])[0]:
+            if not SK.feasible(cfg, p.k, DTYPE_BYTES[p.dtype])[0]:
                 continue
-            t, why = _gate_and_time(timer, lambda o, c=cfg: SK.launch(c, o.x, o.w, o.out), ops, ref, p.dtype)
+            t, why = _gate_and_time(timer, cfg, lambda o, c=cfg: SK.launch(c, o.x, o.w, o.out), ops, ref, p.dtype)
             if t is None:
                 row["failures"][cfg.id] = why
             else:

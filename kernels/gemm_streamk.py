@@ -25,7 +25,11 @@ from .gemm import _arrival_counters, _device_index, _grouped_tile, launch_args, 
 
 @dataclass(frozen=True)
 class StreamKConfig:
-    """One stream-K candidate; ``programs_per_sm`` scales the grid (1 = one program per SM)."""
+    """One stream-K candidate; ``programs_per_sm`` scales the grid (1 = one program per SM).
+
+    Not a subclass of PersistentConfig, though the fields match: gemm.launch would
+    take it for one and run the persistent kernel instead.
+    """
 
     block_m: int
     block_n: int
@@ -103,8 +107,9 @@ def _zeroed_workspace(device: torch.device, n: int) -> torch.Tensor:
     return zeroed_buffer("streamk_workspace", device, n, torch.float32, 1 << 20)
 
 
-def feasible(cfg: StreamKConfig, m: int, n: int, k: int, in_bytes: int, out_bytes: int) -> tuple[bool, str]:
-    """TMA needs 16-byte aligned row strides for x, w (K) and a box no larger than 256."""
+def feasible(cfg: StreamKConfig, k: int, in_bytes: int) -> tuple[bool, str]:
+    """TMA loads need 16-byte aligned rows of x and w (K) and boxes of at most 256 (y is
+    stored through pointers, so M and N are free)."""
     if (k * in_bytes) % 16:
         return False, "K * element size must be a multiple of 16 bytes (TMA)"
     if max(cfg.block_m, cfg.block_n, cfg.block_k) > 256:

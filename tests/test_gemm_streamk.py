@@ -22,9 +22,7 @@ def _ids(val):
 
 def _run(cfg, shape, dtype):
     prob, ops, ref = operands_for(*shape, dtype)
-    ops.out.fill_(float("nan"))
-    y = SK.launch(cfg, ops.x, ops.w, ops.out)
-    return C.check_output(y, ref, dtype), ops
+    return C.gate(cfg, ops, ref, dtype, run=lambda: SK.launch(cfg, ops.x, ops.w, ops.out)), ops
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "fp32"])
@@ -32,8 +30,8 @@ def _run(cfg, shape, dtype):
 @pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
 def test_streamk_matches_reference_and_leaves_buffers_zero(cfg, shape, dtype):
     for _ in range(2):  # the second launch reuses the workspace and counters the first left
-        (ok, err, why), ops = _run(cfg, shape, dtype)
-        assert ok, why
+        (status, err, why), ops = _run(cfg, shape, dtype)
+        assert status == C.STATUS_OK, why
         assert err < C.ERROR_BOUNDS[dtype]
         assert float(SK._zeroed_workspace(ops.x.device, 1).abs().sum()) == 0.0
         assert int(gemm._arrival_counters(ops.x.device, 1).abs().sum()) == 0
@@ -52,5 +50,16 @@ def test_streamk_splits_tiles_between_programs():
 def test_streamk_id_and_feasibility():
     cfg = SK.StreamKConfig(128, 256, 64, 8, 8, 3, programs_per_sm=2)
     assert cfg.id == "streamk_m128n256k64_g8_p2_w8s3"
-    assert SK.feasible(cfg, 1024, 2304, 3584, 2, 2) == (True, "")
-    assert not SK.feasible(cfg, 1024, 2304, 3583, 2, 2)[0]
+    assert SK.feasible(cfg, 3584, 2) == (True, "")
+    assert not SK.feasible(cfg, 3583, 2)[0]
+    assert not SK.feasible(SK.StreamKConfig(512, 64, 64, 8, 4, 3), 3584, 2)[0]
+
+
+def test_gate_classifies_a_failing_exploration_launch():
+    prob, ops, ref = operands_for(7, 40, 72, "fp32")
+
+    def boom():
+        raise RuntimeError("no such kernel")
+
+    status, err, why = C.gate(CONFIGS[0], ops, ref, "fp32", run=boom)
+    assert status == C.STATUS_COMPILE_ERROR and "no such kernel" in why and err != err  # NaN
