@@ -58,6 +58,10 @@ def per_shape(ev: pd.DataFrame, score: np.ndarray) -> pd.DataFrame:
         out[f"top{k}_us"] = t[t["pos"] < k].groupby("sid")["p50_us"].min()
     cub = ev[ev["candidate"] == "cublas"].set_index("sid")["p50_us"]
     out["cublas_us"] = cub.reindex(out.index)
+    # The Triton-only view: the method's best-ranked Triton config against the best Triton config.
+    tri = t[t["candidate"] != "cublas"]
+    out["triton_pick_us"] = tri.groupby("sid")["p50_us"].first().reindex(out.index)
+    out["triton_oracle_us"] = tri.groupby("sid")["p50_us"].min().reindex(out.index)
     meta = ev.drop_duplicates("sid").set_index("sid")[["gpu_name", "dtype", "m", "n", "k", "family", "origins"]]
     out = out.join(meta)
     out["shape"] = (out["gpu_name"].astype(str) + ":" + out["dtype"].astype(str) + ":" + out["m"].astype(str) + "x"
@@ -82,6 +86,32 @@ def summarize(ps: pd.DataFrame) -> dict:
         out[f"recall_top{k}"] = float(np.mean(ps["oracle_pos"] < k)) if len(ps) else float("nan")
         out[f"top{k}_bench_slowdown"] = geomean(ps[f"top{k}_us"] / ps["oracle_us"])
     return out
+
+
+def loss_breakdown(ps: pd.DataFrame) -> dict:
+    """Where a method's log-slowdown comes from, on a per_shape table of one method.
+
+    Shares of the summed log-slowdown: cuBLAS picked where a Triton config is faster,
+    a Triton config picked where cuBLAS is faster, a Triton config picked where another
+    one is faster; plus how often the pick and the oracle are cuBLAS, and the
+    Triton-only slowdown (best-ranked Triton config vs the best Triton config)."""
+    lg = np.log(ps["slowdown"].to_numpy(dtype=np.float64))
+    picked_cub = (ps["pick"] == "cublas").to_numpy()
+    oracle_cub = (ps["cublas_us"] <= ps["oracle_us"]).to_numpy()
+    total = lg.sum()
+
+    def share(mask):
+        return float(lg[mask].sum() / total) if total > 0 else 0.0
+
+    return {
+        "shapes": int(len(ps)),
+        "picks_cublas": float(picked_cub.mean()) if len(ps) else float("nan"),
+        "oracle_cublas": float(oracle_cub.mean()) if len(ps) else float("nan"),
+        "loss_cublas_over_triton": share(picked_cub & ~oracle_cub),
+        "loss_triton_over_cublas": share(~picked_cub & oracle_cub),
+        "loss_triton_over_triton": share(~picked_cub & ~oracle_cub),
+        "triton_pick_slowdown": geomean(ps["triton_pick_us"] / ps["triton_oracle_us"]),
+    }
 
 
 # -- baselines -----------------------------------------------------------------

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from gemm_costmodel.benchmarks.summary import markdown_table
-from gemm_costmodel.evaluate import METHODS, m_bucket, metrics_table
+from gemm_costmodel.evaluate import METHODS, loss_breakdown, m_bucket, metrics_table
 
 HEADLINE = ["shapes", "top1_match", "match_2pct", "geomean_slowdown", "p95_slowdown", "p99_slowdown",
             "max_slowdown", "speedup_vs_cublas"]
@@ -146,6 +146,16 @@ def write_report(out_dir: str, family: pd.DataFrame | None, nk: pd.DataFrame | N
             L.append(markdown_table(_fmt(m[["method", "dtype", *HEADLINE]])) + "\n")
             mod = m[m["method"].isin(["model", "best_static"])]
             L.append("Top-k (model and best static ranking):\n\n" + markdown_table(_fmt(mod[["method", "dtype", *TOPK_COLS]])) + "\n")
+    if family is not None and not family.empty and (family["method"] == "model").any():
+        L.append("## Where the model loses (leave-one-family-out)\n")
+        L.append("Shares of the model's summed log-slowdown vs the oracle: cuBLAS picked where a Triton config "
+                 "is faster (`loss_cublas_over_triton`), a Triton config picked where cuBLAS is faster, and the "
+                 "wrong Triton config. `triton_pick_slowdown`: the model's best-ranked Triton config vs the best "
+                 "Triton config, i.e. how well it ranks the Triton candidates alone.\n")
+        mod = family[family["method"] == "model"]
+        tab = pd.DataFrame([{"gpu": gpu, "dtype": dt, **loss_breakdown(g)}
+                            for (gpu, dt), g in mod.groupby(["gpu_name", "dtype"], observed=True)])
+        L.append(markdown_table(_fmt(tab)) + "\n")
     if comparison is not None and not comparison.empty:
         L.append("## Formulations and sizes (leave-one-family-out, model only)\n")
         L.append(markdown_table(_fmt(comparison)) + "\n")

@@ -55,6 +55,13 @@ def test_run_writes_report_and_model(run_dir):
     assert {"model", "cublas", "oracle", "best_static", "nearest_neighbor"} <= methods
     assert "fp8" in next(r for r in table_rows(md) if r[0] == "model")
     assert "## Leave-one-family-out: NVIDIA H200" in md
+    # The loss breakdown: its shares of the model's log-slowdown add up to 1 (or all 0).
+    assert "## Where the model loses" in md
+    head = next(r for r in table_rows(md) if r[0] == "gpu" and "loss_cublas_over_triton" in r)
+    row = next(r for r in table_rows(md) if r[0] == "NVIDIA H200" and len(r) == len(head))
+    shares = [float(row[head.index(c)]) for c in
+              ("loss_cublas_over_triton", "loss_triton_over_cublas", "loss_triton_over_triton")]
+    assert sum(shares) == pytest.approx(1.0, abs=0.003) or sum(shares) == 0.0
     pngs = [p for p in os.listdir(report) if p.endswith(".png")]
     assert pngs and all((report / p).stat().st_size > 1000 for p in pngs)
     for p in pngs:

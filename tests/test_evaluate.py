@@ -93,6 +93,32 @@ def test_per_shape_by_hand(hand):
     assert ps.loc["A", "shape"] == "NVIDIA H200:fp8:16x1024x1024"
 
 
+def test_loss_breakdown_by_hand(hand):
+    ev, score = hand
+    ps = by_shape(E.per_shape(ev, score))
+    # Triton-only: A ranks c3 (9) first, the best Triton is c1 (8); B c2 = best; C c1 = best.
+    assert ps["triton_pick_us"].to_dict() == {"A": 9.0, "B": 19.8, "C": 5.05}
+    assert ps["triton_oracle_us"].to_dict() == {"A": 8.0, "B": 19.8, "C": 5.05}
+    b = E.loss_breakdown(ps)
+    # Picks: c3, c2, c1 (no cuBLAS); oracle is cuBLAS on C only.
+    assert b["shapes"] == 3
+    assert b["picks_cublas"] == 0.0
+    assert b["oracle_cublas"] == pytest.approx(1 / 3)
+    total = math.log(9 / 8) + math.log(1.01)
+    assert b["loss_cublas_over_triton"] == 0.0
+    assert b["loss_triton_over_cublas"] == pytest.approx(math.log(1.01) / total)
+    assert b["loss_triton_over_triton"] == pytest.approx(math.log(9 / 8) / total)
+    assert b["triton_pick_slowdown"] == pytest.approx((9 / 8) ** (1 / 3))
+    # Always cuBLAS: all of the loss is cuBLAS over a faster Triton config (A and B).
+    cub = E.loss_breakdown(E.per_shape(ev, np.where(ev["candidate"] == "cublas", 0.0, 1.0)))
+    assert cub["picks_cublas"] == 1.0
+    assert cub["loss_cublas_over_triton"] == pytest.approx(1.0)
+    # A perfect pick loses nothing anywhere.
+    best = E.loss_breakdown(E.per_shape(ev, ev["p50_us"].to_numpy()))
+    assert best["loss_cublas_over_triton"] == best["loss_triton_over_triton"] == 0.0
+    assert best["triton_pick_slowdown"] == pytest.approx(1.0)
+
+
 def test_ties_broken_by_candidate_id_not_input_order(hand):
     ev, score = hand
     # Same rows in reverse order: the pick does not change.
