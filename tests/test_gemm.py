@@ -240,6 +240,28 @@ def test_gate_maps_launch_exception_to_status(monkeypatch):
     assert detail.startswith("OutOfResources: shared memory")
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_check_output_counts_inf_and_nan_and_rejects_huge_values(dtype):
+    ref = torch.randn(33, 17, generator=torch.Generator().manual_seed(0))
+    y = ref.to(dtype)
+    assert C.check_output(y, ref, "bf16")[0]
+    bad = y.clone()
+    bad[0, 0], bad[32, 16] = float("inf"), float("nan")
+    ok, err, why = C.check_output(bad, ref, "bf16")
+    assert not ok and math.isnan(err) and why == "2 elements unwritten or non-finite"
+    # Finite but far off (the squared error overflows fp32): wrong, with its error.
+    huge = y.clone()
+    huge[5, 5] = 6e4 if dtype == torch.float16 else 3e38
+    ok, err, why = C.check_output(huge, ref, "bf16")
+    assert not ok and err > 1e-2 and why.startswith("relative error")
+
+
+def test_check_output_keeps_the_reference_norm():
+    ref = torch.full((4, 4), 2.0)
+    assert C.check_output(ref * 1.001, ref, "fp32") == (True, pytest.approx(1e-3, rel=1e-3), "")
+    assert ref._costmodel_fro == pytest.approx(8.0)
+
+
 def test_check_output_shape_mismatch():
     ok, err, why = C.check_output(torch.zeros(2, 3), torch.zeros(3, 2), "fp32")
     assert not ok and math.isnan(err) and why == "shape (2, 3) != (3, 2)"
