@@ -60,7 +60,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemm import PERSISTENT_FLATTEN, _arrival_counters, _device_index, _grouped_tile, launch_args, num_sms
+from .gemm import (PERSISTENT_FLATTEN, _arrival_counters, _device_index, _grouped_tile, launch_args, num_sms,
+                   zeroed_buffer)
 
 
 @dataclass(frozen=True)
@@ -199,18 +200,11 @@ def gemm_streamk_kernel(x_desc, w_desc, y, ws_ptr, cnt_ptr, sa_ptr, sb_ptr, M, N
                     tl.atomic_xchg(cnt_ptr + t, 0, sem="relaxed", scope="gpu")
 
 
-_WORKSPACE: dict = {}
-
-
 def _workspace(device: torch.device, n: int) -> torch.Tensor:
-    """fp32 partial-sum slots (2 per program, BLOCK_M x BLOCK_N each), kept per device and
-    grown on demand; never needs zeroing (every slot read in a launch was written in it)."""
-    key = str(device)
-    buf = _WORKSPACE.get(key)
-    if buf is None or buf.numel() < n:
-        buf = torch.empty(max(n, 1 << 20), dtype=torch.float32, device=device)
-        _WORKSPACE[key] = buf
-    return buf
+    """fp32 partial-sum slots (2 per program, BLOCK_M x BLOCK_N each), kept per device.
+    The kernel never relies on their contents (every slot read in a launch was written in
+    it); the shared cached-buffer helper just happens to hand them out zeroed."""
+    return zeroed_buffer("streamk_slots", device, n, torch.float32, 1 << 20)
 
 
 def feasible(cfg: StreamKConfig, k: int, in_bytes: int) -> tuple[bool, str]:
