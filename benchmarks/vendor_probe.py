@@ -6,7 +6,9 @@ cuBLASLt's top algorithms (``gemm_costmodel.cublaslt.heuristic``) at torch's
 ``--profile-seconds`` budget lasts, the names of the CUDA kernels that the vendor
 candidate (``torch.mm`` / ``torch._scaled_mm``) launches, from torch.profiler.
 The kernel names say which tile and split-K cuBLAS really ran, so they check how
-well the heuristic (a host call the runtime can make) predicts it.
+well the heuristic (a host call the runtime can make) predicts it. Also writes
+``cublaslt.csv``, the vendor-choice table that goes under datasets/vendor/ (the
+dataset loader joins it onto the cuBLAS rows as the vendor_* feature inputs).
 
     python -m gemm_costmodel.benchmarks.vendor_probe --shapes SHAPES.csv --out OUT
 """
@@ -21,7 +23,7 @@ import time
 
 import torch
 
-from gemm_costmodel import cublaslt
+from gemm_costmodel import cublaslt, features
 from gemm_costmodel.benchmarks import correctness as C
 from gemm_costmodel.benchmarks import provenance
 from gemm_costmodel.kernels.gemm_configs import Problem, VendorConfig
@@ -47,6 +49,32 @@ def kernel_names(problem: Problem) -> list[str]:
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     del ops
     return names
+
+
+TABLE_COLUMNS = ("arch", "probe_gpu", "dtype", "m", "n", "k", "vendor_tile_m", "vendor_tile_n", "vendor_split_k",
+                 "vendor_cluster", "vendor_waves", "cublaslt_version", "torch_version")
+
+
+def table_rows(probe_rows) -> list[dict]:
+    """Rows of the vendor-choice table (datasets/vendor/*.csv) from probe lines; shapes without a pick are left out."""
+    out = []
+    for r in probe_rows:
+        if not r.get("heuristic"):
+            continue
+        cols = features.vendor_columns(cublaslt.decode(r["heuristic"][0]))
+        out.append({"arch": r["arch"], "probe_gpu": r["gpu_name"], "dtype": r["dtype"], "m": r["m"], "n": r["n"],
+                    "k": r["k"], **cols, "cublaslt_version": r["cublaslt_version"],
+                    "torch_version": r["torch_version"]})
+    return out
+
+
+def write_table(rows, path: str) -> None:
+    """The vendor-choice table as CSV (the dataset loader joins it onto the vendor rows)."""
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=TABLE_COLUMNS)
+        w.writeheader()
+        for r in rows:
+            w.writerow({c: r[c] for c in TABLE_COLUMNS})
 
 
 def main():
@@ -87,9 +115,11 @@ def main():
         if done % 200 == 0:
             print(f"profiled {done}/{len(order)} ({time.perf_counter() - t0:.0f}s)", flush=True)
     print(f"profiled {done}/{len(order)} shapes in {time.perf_counter() - t0:.0f}s", flush=True)
+    lines = [{**r, **prov} for r in rows.values()]
     with open(os.path.join(args.out, "vendor_probe.jsonl"), "w") as f:
-        for r in rows.values():
-            f.write(json.dumps({**r, **prov}) + "\n")
+        for r in lines:
+            f.write(json.dumps(r) + "\n")
+    write_table(table_rows(lines), os.path.join(args.out, "cublaslt.csv"))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,12 @@ def _shapes_from_args(args):
         else:
             raise ValueError(f"unknown suite {args.suite!r}")
     out = list(dict.fromkeys(out))
+    if getattr(args, "only", None):
+        # Re-measuring chosen shapes of a suite keeps their origins (and so their family).
+        wanted = {(s.m, s.n, s.k, s.dtype) for s in S.read_shape_csv(args.only)}
+        out = [s for s in out if (s.m, s.n, s.k, s.dtype) in wanted]
+        if not out:
+            raise ValueError(f"{args.only}: none of its shapes is in the selected suite and dtypes")
     if args.limit:
         out = out[: args.limit]
     return out
@@ -436,6 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default="benchmarks/results/runs")
     b.add_argument("--name", default="sweep", help="file name prefix of the shard files")
     b.add_argument("--timer", default="graph", choices=["graph", "do_bench"])
+    b.add_argument("--only", help="CSV (M,N,K[,dtype]): keep only these shapes of the suite, e.g. to re-measure")
     b.add_argument("--limit", type=int, default=0, help="first N shapes only")
     b.add_argument("--workers", type=int, default=0, help="precompile worker processes")
     b.add_argument("--no-precompile", dest="precompile", action="store_false")
