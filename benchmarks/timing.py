@@ -11,7 +11,8 @@ CUDA graph, so Python launch overhead and launch gaps are not measured, and
 times each replay with CUDA events. One sample = replay time / n_inner.
 p20/p50/p80 are taken over the replays; a measurement is *stable* when
 (p80 - p20) / p50 <= 5% (the 5% rule of seed 000). An unstable set of
-replays is measured once more and the tighter set is kept.
+replays is measured once more and the tighter set is kept. ``n_inner`` is
+set from a timed replay so that one replay lasts about ``target_replay_us``.
 """
 from __future__ import annotations
 
@@ -81,7 +82,6 @@ class GraphTimer:
         end.synchronize()
         est_us = max(start.elapsed_time(end) * 1e3, 1.0)
         n_inner = int(min(self.max_inner, max(1, math.ceil(self.target_replay_us / est_us))))
-        reps = int(min(self.reps, max(self.min_reps, (self.cap_ms * 1e3) // (n_inner * est_us))))
 
         # Capture-time allocations (split-K workspaces) come from the graph's
         # private pool and are reused across the launches in the graph.
@@ -90,11 +90,25 @@ class GraphTimer:
         with torch.cuda.stream(stream):
             fn(0)
         torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for i in range(n_inner):
-                fn(i % n_copies)
-        graph.replay()  # warm-up replay, not timed
+        graph = self._capture(fn, n_inner, n_copies)
+        # Warm-up replay, timed: the single-launch estimate above includes the host's
+        # launch overhead (~20 us), so a 5 us kernel got ~5 launches per replay and
+        # replays of ~25 us, where graph-launch jitter alone breaks the 5% rule
+        # (8-12 us rows were 19% unstable). Recapture with the real per-launch time;
+        # the first replay (graph upload) is not the one timed.
+        graph.replay()
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        real_us = max(start.elapsed_time(end) * 1e3 / n_inner, 0.5)
+        want = int(min(self.max_inner, max(1, math.ceil(self.target_replay_us / real_us))))
+        if want > 2 * n_inner:
+            del graph
+            n_inner = want
+            graph = self._capture(fn, n_inner, n_copies)
+            graph.replay()
+        reps = int(min(self.reps, max(self.min_reps, (self.cap_ms * 1e3) // (n_inner * real_us))))
         best = None
         for _ in range(self.attempts):
             starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
@@ -114,6 +128,16 @@ class GraphTimer:
                 break
         del graph
         return best
+
+    @staticmethod
+    def _capture(fn, n_inner: int, n_copies: int):
+        import torch
+
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(n_inner):
+                fn(i % n_copies)
+        return graph
 
 
 class DoBenchTimer:

@@ -169,14 +169,22 @@ def read_file(path: str) -> pd.DataFrame:
 
 
 def merge_duplicates(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per KEY: times are the median over ok duplicates; a key with any ok row is ok."""
+    """One row per KEY: times are the median over ok duplicates; a key with any ok row is ok.
+
+    Stable measurements supersede unstable ones: where a key has a stable ok row, its
+    unstable rows are dropped. Re-measuring showed unstable rows off by up to 5x
+    (cuBLAS on 256x1536x4480: 64.5 us unstable, 12.7 us stable), so a median with
+    them would keep much of the error."""
     if not df.duplicated(KEY).any():
         return df.reset_index(drop=True)
     df = df.assign(_ok=df["status"] == "ok")
     # Prefer ok rows: failures of a key that also has ok measurements are dropped.
     has_ok = df.groupby(KEY, sort=False)["_ok"].transform("any")
     df = df[df["_ok"] | ~has_ok]
-    agg = {c: "first" for c in df.columns if c not in KEY and c != "_ok"}
+    good = df["_ok"] & df["stable"].fillna(False).astype(bool)
+    has_good = good.groupby([df[c] for c in KEY], sort=False).transform("any")
+    df = df[good | ~has_good].drop(columns="_ok")
+    agg = {c: "first" for c in df.columns if c not in KEY}
     # A key measured by an evaluation sweep belongs to a complete shape, even if a
     # training sweep sampled it too.
     agg.update(p20_us="median", p50_us="median", p80_us="median", stable="all", eval_shape="any")

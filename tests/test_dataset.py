@@ -115,15 +115,24 @@ def test_unreadable_and_empty_files(tmp_path):
 
 
 def test_duplicates_merge_by_median(tmp_path):
-    a = write_parquet(tmp_path / "a.parquet", [good_row(p20_us=1.0, p50_us=10.0, p80_us=11.0),
+    a = write_parquet(tmp_path / "a.parquet", [good_row(p20_us=1.0, p50_us=10.0, p80_us=11.0, stable=False),
                                                good_row(p20_us=2.0, p50_us=30.0, p80_us=31.0, stable=False)])
-    b = write_parquet(tmp_path / "b.parquet", [good_row(p20_us=3.0, p50_us=14.0, p80_us=15.0),
+    b = write_parquet(tmp_path / "b.parquet", [good_row(p20_us=3.0, p50_us=14.0, p80_us=15.0, stable=False),
                                                good_row(status="wrong", p50_us=1.0)])
     df = D.load_dataset([a, b])
     assert len(df) == 1
     r = df.iloc[0]
     assert (r["p20_us"], r["p50_us"], r["p80_us"]) == (2.0, 14.0, 15.0)
-    assert r["status"] == "ok" and not r["stable"]  # the wrong duplicate is dropped; one unstable -> unstable
+    assert r["status"] == "ok" and not r["stable"]  # the wrong duplicate is dropped; all unstable -> unstable
+
+
+def test_stable_duplicates_supersede_unstable_ones(tmp_path):
+    # A glitched unstable measurement (64.5) and its stable re-measurements (12.7, 13.1).
+    a = write_parquet(tmp_path / "a.parquet", [good_row(p20_us=63.0, p50_us=64.5, p80_us=77.0, stable=False)])
+    b = write_parquet(tmp_path / "b.parquet", [good_row(p20_us=12.5, p50_us=12.7, p80_us=12.9),
+                                               good_row(p20_us=12.9, p50_us=13.1, p80_us=13.3)])
+    r = D.load_dataset([a, b]).iloc[0]
+    assert r["p50_us"] == pytest.approx(12.9) and r["p20_us"] == pytest.approx(12.7) and r["stable"]
 
 
 def test_build_parquet_roundtrip(tmp_path):
