@@ -11,8 +11,9 @@ CUDA graph, so Python launch overhead and launch gaps are not measured, and
 times each replay with CUDA events. One sample = replay time / n_inner.
 p20/p50/p80 are taken over the replays; a measurement is *stable* when
 (p80 - p20) / p50 <= 5% (the 5% rule of seed 000). An unstable set of
-replays is measured once more and the tighter set is kept. ``n_inner`` is
-set from a timed replay so that one replay lasts about ``target_replay_us``.
+replays is measured once more and the tighter set is kept. Where the first
+set of replays shows them far shorter than ``target_replay_us`` (the launch
+estimate erred long), the graph is recaptured with more launches and measured again.
 """
 from __future__ import annotations
 
@@ -71,55 +72,30 @@ class GraphTimer:
         self.cap_ms = cap_ms
 
     def measure(self, fn: Callable[[int], object], n_copies: int, key: str = "") -> Timing:
-        import torch
-
-        # Rough single-launch estimate (includes launch overhead, so it errs long).
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        fn(0)
-        start.record()
-        fn(1 % n_copies)
-        end.record()
-        end.synchronize()
-        est_us = max(start.elapsed_time(end) * 1e3, 1.0)
+        est_us = self._estimate(fn, n_copies)
         n_inner = int(min(self.max_inner, max(1, math.ceil(self.target_replay_us / est_us))))
-
-        # Capture-time allocations (split-K workspaces) come from the graph's
-        # private pool and are reused across the launches in the graph.
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            fn(0)
-        torch.cuda.current_stream().wait_stream(stream)
         graph = self._capture(fn, n_inner, n_copies)
-        # Warm-up replay, timed: the single-launch estimate above includes the host's
-        # launch overhead (~20 us), so a 5 us kernel got ~5 launches per replay and
-        # replays of ~25 us, where graph-launch jitter alone breaks the 5% rule
-        # (8-12 us rows were 19% unstable). Recapture with the real per-launch time;
-        # the first replay (graph upload) is not the one timed.
-        graph.replay()
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        real_us = max(start.elapsed_time(end) * 1e3 / n_inner, 0.5)
-        want = int(min(self.max_inner, max(1, math.ceil(self.target_replay_us / real_us))))
-        if want > 2 * n_inner:
-            del graph
-            n_inner = want
-            graph = self._capture(fn, n_inner, n_copies)
-            graph.replay()
-        reps = int(min(self.reps, max(self.min_reps, (self.cap_ms * 1e3) // (n_inner * real_us))))
+        graph.replay()  # warm-up replay (graph upload), not timed
+        reps = self._reps(n_inner, est_us)
         best = None
-        for _ in range(self.attempts):
-            starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-            ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-            for s, e in zip(starts, ends):
-                s.record()
+        attempts, resized = 0, False
+        while attempts < self.attempts:
+            t = self._replays(graph, reps, n_inner)
+            # The single-launch estimate includes the host's launch overhead (~20 us),
+            # so a 5 us kernel got ~5 launches per replay: replays of ~25 us, where
+            # graph-launch jitter alone breaks the 5% rule (rows of 8-12 us were 19%
+            # unstable, 0.1% after this). The first set's median gives the real
+            # per-launch time: recapture once if the replay is far below the target.
+            want = int(min(self.max_inner, max(1, math.ceil(self.target_replay_us / max(t.p50_us, 0.5)))))
+            if not resized and want > 2 * n_inner:
+                resized = True
+                del graph
+                n_inner = want
+                graph = self._capture(fn, n_inner, n_copies)
                 graph.replay()
-                e.record()
-            ends[-1].synchronize()
-            samples = [s.elapsed_time(e) * 1e3 / n_inner for s, e in zip(starts, ends)]
-            t = Timing(*summarize(samples), n_samples=reps, n_inner=n_inner)
+                reps = self._reps(n_inner, t.p50_us)
+                continue
+            attempts += 1
             # An unstable set is retried once: re-measuring showed unstable rows differ
             # by up to 60% between runs while stable ones agree to <1% (median).
             if best is None or t.spread < best.spread:
@@ -128,6 +104,43 @@ class GraphTimer:
                 break
         del graph
         return best
+
+    @staticmethod
+    def _estimate(fn, n_copies: int) -> float:
+        """Rough single-launch time in us (includes launch overhead, so it errs long)."""
+        import torch
+
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        fn(0)
+        start.record()
+        fn(1 % n_copies)
+        end.record()
+        end.synchronize()
+        # Capture-time allocations (split-K workspaces) come from the graph's
+        # private pool; one run on a side stream first, as torch's graph docs ask.
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn(0)
+        torch.cuda.current_stream().wait_stream(stream)
+        return max(start.elapsed_time(end) * 1e3, 1.0)
+
+    def _reps(self, n_inner: int, per_launch_us: float) -> int:
+        return int(min(self.reps, max(self.min_reps, (self.cap_ms * 1e3) // (n_inner * max(per_launch_us, 0.5)))))
+
+    @staticmethod
+    def _replays(graph, reps: int, n_inner: int) -> Timing:
+        import torch
+
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for s, e in zip(starts, ends):
+            s.record()
+            graph.replay()
+            e.record()
+        ends[-1].synchronize()
+        samples = [s.elapsed_time(e) * 1e3 / n_inner for s, e in zip(starts, ends)]
+        return Timing(*summarize(samples), n_samples=reps, n_inner=n_inner)
 
     @staticmethod
     def _capture(fn, n_inner: int, n_copies: int):

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from gemm_costmodel.benchmarks import correctness as C
 from gemm_costmodel.benchmarks import harness as H
+from gemm_costmodel.benchmarks import timing
 from gemm_costmodel.benchmarks.store import ResultStore, read_rows, row_key
 from gemm_costmodel.benchmarks.timing import FakeTimer
 from gemm_costmodel.kernels.gemm_configs import (PersistentConfig, Problem, VendorConfig,
@@ -505,3 +506,50 @@ def test_time_budget_stops_between_shapes_and_resume_completes(baseline, tmp_pat
     assert stats.stopped_early and stats.measured == 0 and rows_of(path) == []
     stats, timer = sweep(path)
     assert stats.measured == TOTAL and same_rows(rows_of(path), baseline[1])
+
+
+class _FakeGraph:
+    def __init__(self, n_inner):
+        self.n_inner = n_inner
+
+    def replay(self):
+        pass
+
+
+class _ScriptedTimer(timing.GraphTimer):
+    """GraphTimer whose GPU parts are scripted: a 5 us kernel whose launch estimate
+    (20 us of host overhead on top) errs long, and whose replays of fewer than 20
+    launches are too short to be stable."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.captures = []
+
+    def _estimate(self, fn, n_copies):
+        return 25.0
+
+    def _capture(self, fn, n_inner, n_copies):
+        self.captures.append(n_inner)
+        return _FakeGraph(n_inner)
+
+    def _replays(self, graph, reps, n_inner):
+        spread = 0.01 if n_inner >= 20 else 0.2
+        return timing.Timing(5.0 * (1 - spread / 2), 5.0, 5.0 * (1 + spread / 2), n_samples=reps, n_inner=n_inner)
+
+
+def test_graph_timer_recaptures_when_replays_are_far_below_the_target():
+    t = _ScriptedTimer(target_replay_us=250.0)
+    got = t.measure(lambda i: None, n_copies=2)
+    # 250 / 25 -> 10 launches first; the first set shows 5 us per launch -> 50 launches.
+    assert t.captures == [10, 50]
+    assert got.n_inner == 50 and got.stable and got.p50_us == 5.0
+
+
+def test_graph_timer_keeps_the_first_capture_when_the_estimate_was_close():
+    class Close(_ScriptedTimer):
+        def _estimate(self, fn, n_copies):
+            return 6.0  # 250 / 6 -> 42 launches; 250 / 5 = 50 is not more than twice that
+
+    t = Close(target_replay_us=250.0)
+    got = t.measure(lambda i: None, n_copies=2)
+    assert t.captures == [42] and got.n_inner == 42 and got.stable
