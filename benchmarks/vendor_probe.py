@@ -6,9 +6,10 @@ cuBLASLt's top algorithms (``gemm_costmodel.cublaslt.heuristic``) at torch's
 ``--profile-seconds`` budget lasts, the names of the CUDA kernels that the vendor
 candidate (``torch.mm`` / ``torch._scaled_mm``) launches, from torch.profiler.
 The kernel names say which tile and split-K cuBLAS really ran, so they check how
-well the heuristic (a host call the runtime can make) predicts it. Also writes
-``cublaslt.csv``, the vendor-choice table that goes under datasets/vendor/ (the
-dataset loader joins it onto the cuBLAS rows as the vendor_* feature inputs).
+well the heuristic (a host call a runtime could make) predicts it. Also writes
+``cublaslt.csv``, cuBLAS's kernel per shape as numbers (tile along M and N,
+split-K, CTAs per cluster, waves). Tried as cost-model features and rejected:
+see models/NOTES.md.
 
     python -m gemm_costmodel.benchmarks.vendor_probe --shapes SHAPES.csv --out OUT
 """
@@ -23,7 +24,7 @@ import time
 
 import torch
 
-from gemm_costmodel import cublaslt, features
+from gemm_costmodel.benchmarks import cublaslt
 from gemm_costmodel.benchmarks import correctness as C
 from gemm_costmodel.benchmarks import provenance
 from gemm_costmodel.kernels.gemm_configs import Problem, VendorConfig
@@ -56,12 +57,14 @@ TABLE_COLUMNS = ("arch", "probe_gpu", "dtype", "m", "n", "k", "vendor_tile_m", "
 
 
 def table_rows(probe_rows) -> list[dict]:
-    """Rows of the vendor-choice table (datasets/vendor/*.csv) from probe lines; shapes without a pick are left out."""
+    """Rows of the vendor-choice table from probe lines; shapes without a pick are left out."""
     out = []
     for r in probe_rows:
         if not r.get("heuristic"):
             continue
-        cols = features.vendor_columns(cublaslt.decode(r["heuristic"][0]))
+        c = cublaslt.decode(r["heuristic"][0])
+        cols = {"vendor_tile_m": c["tile_m"], "vendor_tile_n": c["tile_n"], "vendor_split_k": c["splitk"],
+                "vendor_cluster": c["cluster_m"] * c["cluster_n"], "vendor_waves": c["waves"]}
         out.append({"arch": r["arch"], "probe_gpu": r["gpu_name"], "dtype": r["dtype"], "m": r["m"], "n": r["n"],
                     "k": r["k"], **cols, "cublaslt_version": r["cublaslt_version"],
                     "torch_version": r["torch_version"]})
@@ -69,7 +72,7 @@ def table_rows(probe_rows) -> list[dict]:
 
 
 def write_table(rows, path: str) -> None:
-    """The vendor-choice table as CSV (the dataset loader joins it onto the vendor rows)."""
+    """The vendor-choice table as CSV."""
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=TABLE_COLUMNS)
         w.writeheader()

@@ -214,54 +214,6 @@ def load_dataset(paths=None, root: str = "datasets") -> pd.DataFrame:
     return typed(merge_duplicates(pd.concat(frames, ignore_index=True)))
 
 
-VENDOR_TABLE_GLOB = os.path.join("vendor", "*.csv")
-
-
-def load_vendor_table(root: str = "datasets") -> pd.DataFrame:
-    """cuBLAS's kernel per (arch, dtype, M, N, K) from the probe tables under root/vendor (may be empty).
-
-    Made by ``python -m gemm_costmodel.benchmarks.vendor_probe`` on a GPU; see datasets/README.md."""
-    from gemm_costmodel.features import VENDOR_COLUMNS
-
-    key = ["arch", "dtype", "m", "n", "k"]
-    files = sorted(glob.glob(os.path.join(root, VENDOR_TABLE_GLOB)))
-    if not files:
-        return pd.DataFrame(columns=[*key, "probe_gpu", *VENDOR_COLUMNS])
-    frames = []
-    for f in files:
-        t = pd.read_csv(f)
-        missing = [c for c in (*key, "probe_gpu", *VENDOR_COLUMNS) if c not in t.columns]
-        if missing:
-            raise DataError(f"{f}: vendor table lacks column {missing[0]!r}")
-        frames.append(t)
-    return pd.concat(frames, ignore_index=True)
-
-
-def attach_vendor_choice(df: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
-    """df with the VENDOR_COLUMNS filled from the table on the cuBLAS rows (NaN elsewhere or unknown).
-
-    A probe on the row's own GPU wins; otherwise any probe of the same arch is used
-    (cuBLAS's heuristic is per arch and SM count: the H100 and H200 both have 132)."""
-    from gemm_costmodel.features import VENDOR_COLUMNS
-
-    out = df.drop(columns=[c for c in VENDOR_COLUMNS if c in df.columns])
-    if table.empty:
-        return out.assign(**{c: np.nan for c in VENDOR_COLUMNS})
-    t = table.astype({"arch": str, "dtype": str, "probe_gpu": str})
-    key = ["arch", "dtype", "m", "n", "k"]
-    own = t.drop_duplicates([*key, "probe_gpu"]).rename(columns={"probe_gpu": "gpu_name"})
-    any_ = t.drop_duplicates(key)
-    left = out[[*key, "gpu_name"]].astype({"arch": str, "dtype": str, "gpu_name": str})
-    a = left.merge(own[[*key, "gpu_name", *VENDOR_COLUMNS]], on=[*key, "gpu_name"], how="left")
-    b = left.merge(any_[[*key, *VENDOR_COLUMNS]], on=key, how="left")
-    vendor = (out["variant"].astype(str) == "vendor").to_numpy()
-    for c in VENDOR_COLUMNS:
-        v = a[c].to_numpy(dtype=np.float64)
-        v = np.where(np.isnan(v), b[c].to_numpy(dtype=np.float64), v)
-        out[c] = np.where(vendor, v, np.nan)
-    return out
-
-
 def demote_incomplete_eval_shapes(df: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple]]:
     """Clear ``eval_shape`` on dense harness shapes missing some feasible candidate.
 

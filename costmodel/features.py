@@ -22,7 +22,7 @@ from gemm_costmodel.kernels.gemm_configs import DTYPE_BYTES as IN_BYTES
 from gemm_costmodel.kernels.gemm_configs import OUT_DTYPE, VARIANT_CODES
 from gemm_costmodel.kernels.gemm_configs import PARAM_NAMES as PARAMS
 
-FEATURE_VERSION = 2
+FEATURE_VERSION = 1
 
 DTYPE_CODES = {"bf16": 0, "fp16": 1, "fp8": 2, "fp32": 3}
 OUT_BYTES = {d: IN_BYTES[OUT_DTYPE[d]] for d in IN_BYTES}
@@ -30,13 +30,8 @@ OUT_BYTES = {d: IN_BYTES[OUT_DTYPE[d]] for d in IN_BYTES}
 _IN_B = [float(IN_BYTES[d]) for d in DTYPE_CODES]
 _OUT_B = [float(OUT_BYTES[d]) for d in DTYPE_CODES]
 # Per-row numeric inputs every feature is computed from.
-# cuBLAS's own kernel for the shape (gemm_costmodel.cublaslt: the heuristic's top
-# pick, which is what torch.mm runs): tile along M and N, split-K, CTAs per
-# cluster, and the heuristic's wave count. NaN where unknown (no GPU at runtime,
-# or a shape the probe table lacks); XGBoost and the ONNX trees route NaN as missing.
-VENDOR_COLUMNS = ("vendor_tile_m", "vendor_tile_n", "vendor_split_k", "vendor_cluster", "vendor_waves")
 BASE_COLUMNS = ("m", "n", "k", "e", "top_k", "dtype_code", "variant_code", *PARAMS,
-                "sm_count", "smem_per_sm_kb", "l2_mb", "peak_tflops", "hbm_gbps", *VENDOR_COLUMNS)
+                "sm_count", "smem_per_sm_kb", "l2_mb", "peak_tflops", "hbm_gbps")
 
 
 @dataclass(frozen=True)
@@ -104,21 +99,6 @@ class _Ctx:
     def only_tiled(self, x):
         return np.where(self.tiled, x, 0.0)
 
-    def only_vendor(self, x):
-        return np.where(self.is_vendor, x, 0.0)
-
-    @property
-    def v(self):
-        """cuBLAS's kernel, with the quantities the vendor features share (computed once)."""
-        if not hasattr(self, "_v"):
-            tm, tn = self.vendor_tile_m, self.vendor_tile_n
-            sk = np.maximum(self.vendor_split_k, 1)
-            tiles = np.ceil(self.rows / tm) * np.ceil(self.n / tn)
-            waves = self.vendor_waves
-            self._v = {"tm": tm, "tn": tn, "sk": sk, "tiles": tiles, "waves": waves,
-                       "full": np.ceil(np.maximum(waves, 1e-9))}
-        return self._v
-
 
 def _log2(x):
     return np.log2(np.maximum(x, 1e-30))
@@ -177,22 +157,6 @@ feature("log2_traffic_bytes", "log2 operand bytes all programs load, plus split-
 feature("traffic_over_l2", "operand traffic / L2 size", lambda c: c.only_tiled(c.traffic / (c.l2_mb * 2**20)))
 feature("log2_t_traffic_us", "log2 traffic / HBM bandwidth, us", lambda c: c.only_tiled(_log2(c.traffic / c.bw * 1e6)))
 
-# -- cuBLAS's own kernel (vendor rows only; NaN when unknown) -------------------
-feature("vendor_tile_m", "cuBLAS's tile along M", lambda c: c.only_vendor(c.v["tm"]))
-feature("vendor_tile_n", "cuBLAS's tile along N", lambda c: c.only_vendor(c.v["tn"]))
-feature("vendor_split_k", "cuBLAS's split-K (1 = none)", lambda c: c.only_vendor(c.v["sk"]))
-feature("vendor_cluster", "CTAs per cluster in cuBLAS's kernel", lambda c: c.only_vendor(c.vendor_cluster))
-feature("vendor_waves", "cuBLAS heuristic's wave count", lambda c: c.only_vendor(c.v["waves"]))
-feature("vendor_wave_efficiency", "cuBLAS's waves / waves rounded up",
-        lambda c: c.only_vendor(c.v["waves"] / c.v["full"]))
-feature("vendor_log2_tiles", "log2 output tiles x split-K of cuBLAS's kernel",
-        lambda c: c.only_vendor(_log2(c.v["tiles"] * c.v["sk"])))
-feature("vendor_pad", "wasted fraction of cuBLAS's padded output tiles",
-        lambda c: c.only_vendor(1 - c.rows * c.n / (c.v["tiles"] * c.v["tm"] * c.v["tn"])))
-feature("vendor_log2_t_waves_us", "log2 cuBLAS's waves rounded up x per-tile compute time at per-SM peak, us",
-        lambda c: c.only_vendor(_log2(c.v["full"] * 2 * c.v["tm"] * c.v["tn"] * np.ceil(c.k / c.v["sk"])
-                                      / (c.peak / c.sm_count) * 1e6)))
-
 FEATURE_NAMES = tuple(f.name for f in REGISTRY)
 
 
@@ -220,23 +184,11 @@ def gpu_columns(spec: GpuSpec, dtype: str) -> dict:
             "peak_tflops": spec.peak_tflops(dtype), "hbm_gbps": spec.hbm_gbps}
 
 
-def vendor_columns(choice: Mapping | None) -> dict:
-    """VENDOR_COLUMNS from a decoded cuBLASLt pick (gemm_costmodel.cublaslt.choice); NaN for None."""
-    if not choice:
-        return {c: np.nan for c in VENDOR_COLUMNS}
-    return {"vendor_tile_m": choice["tile_m"], "vendor_tile_n": choice["tile_n"],
-            "vendor_split_k": choice["splitk"], "vendor_cluster": choice["cluster_m"] * choice["cluster_n"],
-            "vendor_waves": choice["waves"]}
-
-
 def problem_columns(m: int, n: int, k: int, dtype: str, spec: GpuSpec, variant_code, params: Mapping,
-                    e: int = 1, top_k: int = 1, vendor: Mapping | None = None) -> dict:
-    """Base columns of one problem on one GPU against candidates given as arrays (or scalars).
-
-    ``vendor``: cuBLAS's pick for the problem (``cublaslt.choice``), None if unknown."""
+                    e: int = 1, top_k: int = 1) -> dict:
+    """Base columns of one problem on one GPU against candidates given as arrays (or scalars)."""
     return {"m": m, "n": n, "k": k, "e": e, "top_k": top_k, "dtype_code": DTYPE_CODES[dtype],
-            "variant_code": variant_code, **{p: params[p] for p in PARAMS}, **gpu_columns(spec, dtype),
-            **vendor_columns(vendor)}
+            "variant_code": variant_code, **{p: params[p] for p in PARAMS}, **gpu_columns(spec, dtype)}
 
 
 def from_frame(df, spec_for: Callable[[str], GpuSpec]) -> np.ndarray:
@@ -251,6 +203,4 @@ def from_frame(df, spec_for: Callable[[str], GpuSpec]) -> np.ndarray:
         table[(g, d)] = gpu_columns(spec_for(g), d)
     for c in ("sm_count", "smem_per_sm_kb", "l2_mb", "peak_tflops", "hbm_gbps"):
         cols[c] = np.array([table[(g, d)][c] for g, d in zip(gpus, dtypes)], dtype=np.float64)
-    for c in VENDOR_COLUMNS:
-        cols[c] = df[c].to_numpy(dtype=np.float64) if c in df else np.full(len(df), np.nan)
     return compute(cols)

@@ -48,7 +48,6 @@ def load_training_frame(paths=None, root: str = "datasets", dtypes=None, arch: s
         # The features need the GPU's numbers: fail here, with the name, rather than mid-training.
         raise D.DataError(f"unknown GPU {unknown[0]!r} in the data: describe it with "
                           "gemm_costmodel.hardware.register() or COSTMODEL_GPU_SPECS")
-    out = D.attach_vendor_choice(out, D.load_vendor_table(root))
     # Categories of filtered-out values would linger in groupbys and tables.
     return out.assign(**{c: out[c].astype(str) for c in ("dtype", "gpu_name", "variant", "family")}).reset_index(drop=True)
 

@@ -1,11 +1,11 @@
 """cuBLASLt's own heuristic choice for a GEMM, read on the host through ctypes.
 
 cuBLAS's latency on a shape follows the kernel its heuristic picks (tile, split-K,
-cluster, waves). The cost model sees cuBLAS only through M, N and K otherwise, so
-``choice`` exposes that pick as numbers for the vendor row's features. It is a
-host call: no GPU work, no stream sync, safe while a CUDA graph is captured. It
-needs a CUDA driver and the cuBLASLt that torch ships; ``available`` says whether
-both are there.
+cluster, waves); ``choice`` gives that pick as numbers. On the H100 with torch
+2.11 the top pick is the kernel torch.mm runs on every bf16/fp16 dataset shape
+(95% for fp8; benchmarks/vendor_probe.py checks it against profiler kernel
+names). It is a host call: no GPU work, no stream sync. It needs a CUDA driver
+and the cuBLASLt that torch ships; ``available`` says whether both are there.
 
 The problem is the one torch issues for nn.Linear's ``y = x @ w.T``: in cuBLAS's
 column-major terms D (N x M) = op(A) op(B) with A = w (transposed), B = x, so
