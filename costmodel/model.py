@@ -55,7 +55,7 @@ class TrainConfig:
     # Weight of an evaluation shape (every candidate measured) against a sampled training
     # shape (48 configs + cuBLAS). Only a complete shape shows where the true best Triton
     # config stands against cuBLAS; in a sampled one cuBLAS only meets a random 48.
-    eval_weight: float = 3.0
+    eval_weight: float = 6.0
 
     def __post_init__(self):
         if self.formulation not in FORMULATIONS:
