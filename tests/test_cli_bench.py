@@ -1,0 +1,30 @@
+"""`costmodel bench` shape selection (the measuring itself needs a GPU)."""
+from __future__ import annotations
+
+
+
+from gemm_costmodel import shapes as S
+from gemm_costmodel.cli import _shapes_from_args, build_parser, main as cli_main
+
+
+def _args(argv):
+    return build_parser().parse_args(["bench", *argv])
+
+
+def test_only_keeps_the_listed_suite_shapes_with_their_origins(tmp_path):
+    suite = S.training_suite("bf16")
+    a, b = suite[3], suite[-1]
+    csv = tmp_path / "redo.csv"
+    # One listed shape is not in the suite (K=17): it is ignored, not invented.
+    csv.write_text(f"M,N,K,dtype\n{a.m},{a.n},{a.k},bf16\n{b.m},{b.n},{b.k},bf16\n7,4096,17,bf16\n")
+    got = _shapes_from_args(_args(["--suite", "train", "--dtype", "bf16", "--only", str(csv)]))
+    assert sorted((s.m, s.n, s.k) for s in got) == sorted([(a.m, a.n, a.k), (b.m, b.n, b.k)])
+    assert {s.origins for s in got} == {a.origins, b.origins} and all(s.family != "user" for s in got)
+
+
+def test_only_with_no_suite_shape_fails_with_one_line(tmp_path, capsys):
+    csv = tmp_path / "none.csv"
+    csv.write_text("M,N,K\n7,4096,17\n")
+    assert cli_main(["bench", "--suite", "train", "--only", str(csv)]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "none of its shapes" in err[0]
