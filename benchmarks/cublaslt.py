@@ -1,7 +1,7 @@
 """cuBLASLt's own heuristic choice for a GEMM, read on the host through ctypes.
 
 cuBLAS's latency on a shape follows the kernel its heuristic picks (tile, split-K,
-cluster, waves); ``choice`` gives that pick as numbers. On the H100 with torch
+cluster, waves); ``heuristic`` returns that pick, ``decode`` its numbers. On the H100 with torch
 2.11 the top pick is the kernel torch.mm runs on every bf16/fp16 dataset shape
 (95% for fp8; benchmarks/vendor_probe.py checks it against profiler kernel
 names). It is a host call: no GPU work, no stream sync. It needs a CUDA driver
@@ -159,7 +159,7 @@ def version() -> int:
 
 
 def available() -> bool:
-    """Whether ``choice`` can run in this process (a CUDA driver and cuBLASLt)."""
+    """Whether ``heuristic`` can run in this process (a CUDA driver and cuBLASLt)."""
     try:
         _handle()
         return True
@@ -243,10 +243,3 @@ def heuristic(m: int, n: int, k: int, dtype: str, count: int = 1,
                         ("cublasLtMatmulDescDestroy", desc)):
             if obj.value:
                 getattr(lib, fn)(obj)
-
-
-@functools.lru_cache(maxsize=65536)
-def choice(m: int, n: int, k: int, dtype: str, workspace: int = DEFAULT_WORKSPACE) -> dict | None:
-    """Decoded top-1 heuristic pick for the shape (cached), or None when cuBLASLt has none."""
-    res = heuristic(m, n, k, dtype, 1, workspace)
-    return decode(res[0]) if res else None

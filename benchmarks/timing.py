@@ -107,7 +107,8 @@ class GraphTimer:
 
     @staticmethod
     def _estimate(fn, n_copies: int) -> float:
-        """Rough single-launch time in us (includes launch overhead, so it errs long)."""
+        """Rough single-launch time in us (includes launch overhead, so it errs long),
+        after the side-stream run that graph capture needs."""
         import torch
 
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

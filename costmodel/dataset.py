@@ -181,9 +181,9 @@ def merge_duplicates(df: pd.DataFrame) -> pd.DataFrame:
     # Prefer ok rows: failures of a key that also has ok measurements are dropped.
     has_ok = df.groupby(KEY, sort=False)["_ok"].transform("any")
     df = df[df["_ok"] | ~has_ok]
-    good = df["_ok"] & df["stable"].fillna(False).astype(bool)
-    has_good = good.groupby([df[c] for c in KEY], sort=False).transform("any")
-    df = df[good | ~has_good].drop(columns="_ok")
+    df = df.assign(_good=df["_ok"] & df["stable"].fillna(False).astype(bool))
+    has_good = df.groupby(KEY, sort=False)["_good"].transform("any")
+    df = df[df["_good"] | ~has_good].drop(columns=["_ok", "_good"])
     agg = {c: "first" for c in df.columns if c not in KEY}
     # A key measured by an evaluation sweep belongs to a complete shape, even if a
     # training sweep sampled it too.
