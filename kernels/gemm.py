@@ -173,8 +173,14 @@ def gemm_splitk_serial_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, sa_ptr, sb_p
 def gemm_persistent_kernel(x_desc, w_desc, y_desc, sa_ptr, sb_ptr, M, N, K,
                            HAS_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                            BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
-                           FLATTEN: tl.constexpr):
-    """A fixed grid of programs strides over all output tiles; TMA loads/stores."""
+                           FLATTEN: tl.constexpr, WARP_SPEC: tl.constexpr = False,
+                           EPI_SUBTILE: tl.constexpr = False):
+    """A fixed grid of programs strides over all output tiles; TMA loads/stores.
+
+    WARP_SPEC asks Triton for producer/consumer warp specialisation of the tile
+    loop; EPI_SUBTILE stores the tile as two (BLOCK_M, BLOCK_N / 2) halves, which
+    halves the epilogue's shared memory (y_desc's block is then BLOCK_N / 2 wide).
+    """
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
@@ -182,7 +188,8 @@ def gemm_persistent_kernel(x_desc, w_desc, y_desc, sa_ptr, sb_ptr, M, N, K,
     if HAS_SCALE:
         scale = tl.load(sa_ptr) * tl.load(sb_ptr)
     # flatten lets the software pipeline prefetch the next tile's K-loop during the epilogue.
-    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, NUM_PROGRAMS, flatten=FLATTEN):
+    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, NUM_PROGRAMS, flatten=FLATTEN,
+                         warp_specialize=WARP_SPEC):
         pid_m, pid_n = _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
@@ -194,7 +201,13 @@ def gemm_persistent_kernel(x_desc, w_desc, y_desc, sa_ptr, sb_ptr, M, N, K,
             acc = tl.dot(a, b.T, acc)
         if HAS_SCALE:
             acc = acc * scale
-        y_desc.store([off_m, off_n], acc.to(y_desc.dtype))
+        if EPI_SUBTILE:
+            halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+            lo, hi = tl.split(halves)
+            y_desc.store([off_m, off_n], lo.to(y_desc.dtype))
+            y_desc.store([off_m, off_n + BLOCK_N // 2], hi.to(y_desc.dtype))
+        else:
+            y_desc.store([off_m, off_n], acc.to(y_desc.dtype))
 
 
 # ----------------------------------------------------------------------------
@@ -325,19 +338,7 @@ def launch(cfg: GemmConfig, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor 
             ws, out, sa, sb, M * N, SPLIT_K=cfg.split_k, HAS_SCALE=has_scale, BLOCK=block, num_warps=4)
         return out
     if isinstance(cfg, PersistentConfig):
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
-        programs = min(num_sms(_device_index(x)), tiles)
-        x_desc = TensorDescriptor.from_tensor(x, [cfg.block_m, cfg.block_k])
-        w_desc = TensorDescriptor.from_tensor(w, [cfg.block_n, cfg.block_k])
-        y_desc = TensorDescriptor.from_tensor(out, [cfg.block_m, cfg.block_n])
-        gemm_persistent_kernel[(programs,)](
-            x_desc, w_desc, y_desc, sa, sb, M, N, K, HAS_SCALE=has_scale,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-            NUM_PROGRAMS=programs, FLATTEN=PERSISTENT_FLATTEN, num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages)
-        return out
+        return launch_persistent(cfg, x, w, out, sa, sb, has_scale)
     if isinstance(cfg, VendorConfig):
         if has_scale:
             # w.t() of a row-major (N, K) weight is the column-major B cuBLASLt wants.
@@ -345,6 +346,27 @@ def launch(cfg: GemmConfig, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor 
             return torch._scaled_mm(x, w.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=out.dtype)
         return torch.mm(x, w.t(), out=out)
     raise TypeError(f"unknown config type {type(cfg).__name__}")
+
+
+def launch_persistent(cfg: PersistentConfig, x, w, out, sa, sb, has_scale: bool, warp_spec: bool = False,
+                      epi_subtile: bool = False, flatten: bool | None = None, programs: int | None = None):
+    """The persistent TMA kernel; the keyword knobs beyond cfg are for explorations."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    M, K = x.shape
+    N = w.shape[0]
+    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    programs = min(programs or num_sms(_device_index(x)), tiles)
+    x_desc = TensorDescriptor.from_tensor(x, [cfg.block_m, cfg.block_k])
+    w_desc = TensorDescriptor.from_tensor(w, [cfg.block_n, cfg.block_k])
+    y_desc = TensorDescriptor.from_tensor(out, [cfg.block_m, cfg.block_n // (2 if epi_subtile else 1)])
+    gemm_persistent_kernel[(programs,)](
+        x_desc, w_desc, y_desc, sa, sb, M, N, K, HAS_SCALE=has_scale,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        NUM_PROGRAMS=programs, FLATTEN=PERSISTENT_FLATTEN if flatten is None else flatten,
+        WARP_SPEC=warp_spec, EPI_SUBTILE=epi_subtile, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
+    return out
 
 
 def reference(x: torch.Tensor, w: torch.Tensor, scale_a=None, scale_b=None) -> torch.Tensor:
