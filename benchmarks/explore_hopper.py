@@ -10,9 +10,12 @@ variants of that best candidate, each checked against the fp32 reference first:
   stage), and both, over a fixed list of tiles;
 - decode (M <= 64): the best config with deeper pipelines (5-6 stages) and
   other warp counts, since these shapes are memory-bound and more bytes in
-  flight may help.
+  flight may help;
+- ``--mode composite`` (prefill only): the composite-tile persistent kernel
+  (kernels/gemm_composite.py), whose BLOCK_N = BN0 + BN1 tiles (144, 160, 192,
+  272) can make the tile count land just under a multiple of the SM count.
 
-Writes hopper.json (every variant's p50 or failure) and prints, per M bucket,
+Writes hopper_<mode>.json (every variant's p50 or failure) and prints, per M bucket,
 the geomean of cuBLAS / best-of-committed and cuBLAS / best-of-all.
 
     python -m gemm_costmodel.benchmarks.explore_hopper --out OUT \
@@ -34,6 +37,7 @@ from gemm_costmodel import shapes as S
 from gemm_costmodel.benchmarks import correctness as C
 from gemm_costmodel.benchmarks import provenance, summary, timing
 from gemm_costmodel.kernels import gemm
+from gemm_costmodel.kernels import gemm_composite as GC
 from gemm_costmodel.kernels.gemm_configs import (ARCHS, DTYPE_BYTES, OUT_DTYPE, PersistentConfig, Problem,
                                                  SplitKConfig, TiledConfig, VendorConfig, check_feasible,
                                                  feasible_configs, smem_bytes)
@@ -42,6 +46,13 @@ from gemm_costmodel.kernels.gemm_configs import (ARCHS, DTYPE_BYTES, OUT_DTYPE, 
 # ones that only fit with a split epilogue.
 PREFILL_TILES = [(128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (128, 128, 64, 8, 4), (128, 128, 64, 4, 4),
                  (128, 128, 64, 8, 5), (64, 256, 64, 4, 4), (64, 128, 128, 4, 4)]
+
+
+# (block_m, bn0, bn1, block_k, warps, stages) of the composite-tile exploration.
+COMPOSITE = [(128, 128, 16, 64, 8, 4), (128, 128, 16, 64, 8, 5), (128, 128, 32, 64, 8, 4),
+             (128, 128, 64, 64, 8, 4), (128, 256, 16, 64, 8, 3), (64, 128, 16, 64, 4, 4),
+             (64, 128, 32, 64, 4, 4), (64, 128, 64, 64, 4, 4), (128, 64, 32, 64, 4, 4),
+             (64, 256, 64, 64, 8, 3), (128, 128, 16, 64, 4, 4)]
 
 
 def _smem(cfg, dtype, subtile):
@@ -89,6 +100,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--base", required=True, help="full sweep of the foundation suite on this GPU model")
     ap.add_argument("--budget-s", type=float, default=500.0)
+    ap.add_argument("--mode", choices=("knobs", "composite"), default="knobs")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     t_start = time.time()
@@ -96,8 +108,9 @@ def main():
     base = summary.per_shape(summary.load_rows([args.base])).set_index(["dtype", "m", "n", "k"])
     timer = timing.GraphTimer()
     res = []
-    shapes = [sh for sh in S.foundation_suite("bf16") if sh.m >= 1024] + \
-             [sh for sh in S.foundation_suite("bf16") if sh.m <= 64]
+    shapes = [sh for sh in S.foundation_suite("bf16") if sh.m >= 1024]
+    if args.mode == "knobs":
+        shapes += [sh for sh in S.foundation_suite("bf16") if sh.m <= 64]
     for sh in shapes:
         if time.time() - t_start > args.budget_s:
             print("budget reached", file=sys.stderr)
@@ -125,7 +138,17 @@ def main():
         row = {"m": p.m, "n": p.n, "k": p.k, "base_id": best_id, "variants": {}, "failures": {}}
         row["base_us"], _ = timed(best_cfg, lambda o: o.run(best_cfg))
         row["cublas_us"], _ = timed(VendorConfig(), lambda o: o.run(VendorConfig()))
-        if p.m >= 1024:
+        if args.mode == "composite":
+            cands = []
+            if (p.k * DTYPE_BYTES[p.dtype]) % 16 == 0 and (p.n * DTYPE_BYTES[OUT_DTYPE[p.dtype]]) % 16 == 0:
+                for bm, bn0, bn1, bk, w, st in COMPOSITE:
+                    cfg = GC.CompositeConfig(bm, bn0, bn1, bk, 8, w, st)
+                    if cfg.smem_bytes(DTYPE_BYTES[p.dtype], DTYPE_BYTES[OUT_DTYPE[p.dtype]]) > \
+                            ARCHS["sm90"].smem_per_block:
+                        continue
+                    cands.append((cfg.id, cfg, lambda o, c=cfg: GC.launch(c, o.x, o.w, o.out, o.scale_a,
+                                                                          o.scale_b)))
+        elif p.m >= 1024:
             cands = []
             for label, cfg, ws, st, fl in prefill_variants(p.dtype):
                 if not check_feasible(cfg, p)[0]:
@@ -150,7 +173,7 @@ def main():
         res.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "variants"}), file=sys.stderr, flush=True)
         del ops, first, ref
-        json.dump({"provenance": prov, "shapes": res}, open(os.path.join(args.out, "hopper.json"), "w"), indent=0)
+        json.dump({"provenance": prov, "shapes": res}, open(os.path.join(args.out, f"hopper_{args.mode}.json"), "w"), indent=0)
 
     for name, sel in (("M <= 64", lambda r: r["m"] <= 64), ("M >= 1024", lambda r: r["m"] >= 1024)):
         rs = [r for r in res if sel(r)]
