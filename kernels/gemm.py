@@ -169,10 +169,14 @@ def gemm_splitk_serial_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, sa_ptr, sb_p
         tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
 
 
-@triton.jit(do_not_specialize=["M"])
-def gemm_persistent_kernel(x_desc, w_desc, y_desc, sa_ptr, sb_ptr, M, N, K,
+# NUM_PROGRAMS is a runtime argument, never specialised on: as a constexpr it
+# was min(SMs, tiles), so every shape with fewer tiles than SMs compiled each
+# persistent config anew inside the measuring process (the precompile probe has
+# one tile), and that dominated evaluation sweeps.
+@triton.jit(do_not_specialize=["M", "NUM_PROGRAMS"])
+def gemm_persistent_kernel(x_desc, w_desc, y_desc, sa_ptr, sb_ptr, M, N, K, NUM_PROGRAMS,
                            HAS_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                           BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
+                           BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                            FLATTEN: tl.constexpr, WARP_SPEC: tl.constexpr = False,
                            EPI_SUBTILE: tl.constexpr = False):
     """A fixed grid of programs strides over all output tiles; TMA loads/stores.
@@ -361,9 +365,9 @@ def launch_persistent(cfg: PersistentConfig, x, w, out, sa, sb, has_scale: bool,
     w_desc = TensorDescriptor.from_tensor(w, [cfg.block_n, cfg.block_k])
     y_desc = TensorDescriptor.from_tensor(out, [cfg.block_m, cfg.block_n // (2 if epi_subtile else 1)])
     gemm_persistent_kernel[(programs,)](
-        x_desc, w_desc, y_desc, sa, sb, M, N, K, HAS_SCALE=has_scale,
+        x_desc, w_desc, y_desc, sa, sb, M, N, K, programs, HAS_SCALE=has_scale,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        NUM_PROGRAMS=programs, FLATTEN=PERSISTENT_FLATTEN if flatten is None else flatten,
+        FLATTEN=PERSISTENT_FLATTEN if flatten is None else flatten,
         WARP_SPEC=warp_spec, EPI_SUBTILE=epi_subtile, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
     return out
