@@ -94,6 +94,29 @@ def test_persistent_nested_loop_matches_reference(monkeypatch, cfg, shape, dtype
     assert err < C.ERROR_BOUNDS[dtype]
 
 
+@pytest.mark.parametrize("programs", [1, 2, 3, 5])
+def test_persistent_any_program_count_covers_every_tile(programs):
+    """Programs stride over the tiles by a runtime step: with fewer programs than the
+    33x72 output's 3x3 tiles (16x32 blocks), every tile is still written once."""
+    cfg = PersistentConfig(16, 32, 32, 8, 4, 3)
+    prob, ops, ref = operands_for(33, 72, 136, "fp32")
+    ops.out.fill_(float("nan"))
+    y = gemm.launch_persistent(cfg, ops.x, ops.w, ops.out, ops.x, ops.x, False, programs=programs)
+    ok, err, why = C.check_output(y, ref, "fp32")
+    assert ok, why
+
+
+def test_persistent_program_count_is_not_compiled_in():
+    """min(SMs, tiles) differs between shapes; as a constexpr or a specialised int it made
+    every shape with fewer tiles than SMs recompile each persistent config mid-sweep."""
+    import inspect
+
+    kernel = gemm.gemm_persistent_kernel  # an InterpretedFunction under TRITON_INTERPRET=1
+    param = inspect.signature(kernel.fn).parameters["NUM_PROGRAMS"]
+    assert param.annotation is inspect.Parameter.empty  # not tl.constexpr
+    assert "NUM_PROGRAMS" in kernel.kwargs["do_not_specialize"]  # no ==1 / %16 variants either
+
+
 @pytest.mark.parametrize("cfg", SPLITK_CONFIGS, ids=_ids)
 def test_splitk_one_launch_leaves_arrival_counters_zero(monkeypatch, cfg):
     """The one-launch split-K must reset its per-tile counters, or the next launch never stores y."""
