@@ -72,6 +72,19 @@ def make_operands(problem: Problem, device: str | torch.device, generator: torch
     return Operands(xd, wd, torch.empty((m, n), dtype=dt, device=device))
 
 
+def operand_sets(problem: Problem, seed: int, l2_bytes: int, device: str | torch.device = "cuda"
+                 ) -> tuple[list[Operands], torch.Tensor]:
+    """The seeded operand sets a shape is timed on (enough copies to rotate over >= 2x L2,
+    one on CPU) and the fp32 reference of the first, which the gate checks against."""
+    from .timing import copies_for
+
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed_for(problem, seed))
+    first = make_operands(problem, device, gen)
+    n_copies = copies_for(first.nbytes, l2_bytes) if str(device) != "cpu" else 1
+    return [first] + [make_operands(problem, device, gen) for _ in range(n_copies - 1)], reference(first)
+
+
 def reference(ops: Operands) -> torch.Tensor:
     """fp32 reference output for one operand set."""
     return gemm.reference(ops.x, ops.w, ops.scale_a, ops.scale_b)

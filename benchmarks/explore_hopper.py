@@ -120,12 +120,8 @@ def main():
         p = Problem(sh.m, sh.n, sh.k, sh.dtype)
         best_id = base.loc[(sh.dtype, sh.m, sh.n, sh.k), "oracle_id"]
         best_cfg = next(c for c in feasible_configs(p) if c.id == best_id)
-        gen = torch.Generator(device="cuda")
-        gen.manual_seed(C.seed_for(p, 0))
-        first = C.make_operands(p, "cuda", gen)
-        n_copies = timing.copies_for(first.nbytes, int(prov.get("l2_bytes") or 50 << 20))
-        ops = [first] + [C.make_operands(p, "cuda", gen) for _ in range(n_copies - 1)]
-        ref = C.reference(first)
+        ops, ref = C.operand_sets(p, 0, int(prov.get("l2_bytes") or 50 << 20))
+        first = ops[0]
         has_scale = p.dtype == "fp8"
 
         def timed(cfg, run):

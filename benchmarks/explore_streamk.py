@@ -57,12 +57,8 @@ def main():
         p = Problem(sh.m, sh.n, sh.k, sh.dtype)
         best_id = base.loc[(sh.dtype, sh.m, sh.n, sh.k), "oracle_id"]
         best_cfg = next(c for c in feasible_configs(p) if c.id == best_id)
-        gen = torch.Generator(device="cuda")
-        gen.manual_seed(C.seed_for(p, 0))
-        first = C.make_operands(p, "cuda", gen)
-        n_copies = timing.copies_for(first.nbytes, int(prov.get("l2_bytes") or 50 << 20))
-        ops = [first] + [C.make_operands(p, "cuda", gen) for _ in range(n_copies - 1)]
-        ref = C.reference(first)
+        ops, ref = C.operand_sets(p, 0, int(prov.get("l2_bytes") or 50 << 20))
+        first = ops[0]
         row = {"m": p.m, "n": p.n, "k": p.k, "base_id": best_id, "streamk": {}, "failures": {}}
         row["base_us"], _ = _gate_and_time(timer, best_cfg, lambda o: o.run(best_cfg), ops, ref, p.dtype)
         row["cublas_us"], _ = _gate_and_time(timer, VendorConfig(), lambda o: o.run(VendorConfig()), ops, ref,

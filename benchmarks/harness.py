@@ -21,7 +21,6 @@ from ..kernels.gemm_configs import (GemmConfig, Problem, VendorConfig, config_pa
 from . import correctness as C
 from .provenance import now
 from .store import ResultStore
-from .timing import copies_for
 
 L2_POLICY = "rotate"
 
@@ -98,8 +97,6 @@ def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all",
     With ``time_budget_s``, stops cleanly between shapes once the budget is
     spent (a later run resumes), instead of being killed mid-candidate.
     """
-    import torch
-
     prov = dict(provenance or {})
     l2 = int(prov.get("l2_bytes") or 50 * 2**20)
     stats = SweepStats()
@@ -122,12 +119,8 @@ def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all",
                 stats.stopped_early = True
                 break
             phase = stats.phase_seconds
-            gen = torch.Generator(device=device)
-            gen.manual_seed(C.seed_for(prob, seed))
-            first = C.make_operands(prob, device, gen)
-            n_copies = copies_for(first.nbytes, l2) if device != "cpu" else 1
-            ops = [first] + [C.make_operands(prob, device, gen) for _ in range(n_copies - 1)]
-            ref = C.reference(first)
+            ops, ref = C.operand_sets(prob, seed, l2, device)
+            first, n_copies = ops[0], len(ops)
             phase["setup"] += time.perf_counter() - t_shape
             base = {
                 "suite": suite, "m": sh.m, "n": sh.n, "k": sh.k, "dtype": sh.dtype,
