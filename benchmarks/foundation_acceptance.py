@@ -103,7 +103,8 @@ def throughput(out_dir, prov, workers, n_cands=48):
                 except Exception:  # noqa: BLE001
                     pass
         torch.cuda.synchronize()
-        stats = harness.run_sweep(THROUGHPUT_SHAPES, store, timing.GraphTimer(), mode=f"sample:{n_cands}",
+        timer = timing.GraphTimer()
+        stats = harness.run_sweep(THROUGHPUT_SHAPES, store, timer, mode=f"sample:{n_cands}",
                                   seed=1, provenance=prov, suite="throughput", progress=False)
     t0 = time.perf_counter()
     n = 0
@@ -117,7 +118,7 @@ def throughput(out_dir, prov, workers, n_cands=48):
     res = {"harness_measurements": stats.measured, "harness_seconds": stats.seconds,
            "harness_per_s": stats.rate, "do_bench_measurements": n, "do_bench_seconds": t_db,
            "do_bench_per_s": n / t_db, "shapes": [s.key for s in THROUGHPUT_SHAPES],
-           "harness_phase_seconds": stats.phase_seconds}
+           "harness_phase_seconds": stats.phase_seconds, "timer_stats": dict(timer.stats)}
     json.dump(res, open(os.path.join(out_dir, "throughput.json"), "w"), indent=1)
     log(f"throughput: harness {res['harness_per_s']:.0f}/s (gate + graph timing), do_bench loop "
         f"{res['do_bench_per_s']:.0f}/s")

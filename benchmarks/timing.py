@@ -18,6 +18,8 @@ estimate erred long), the graph is recaptured with more launches and measured ag
 from __future__ import annotations
 
 import math
+import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
@@ -70,17 +72,30 @@ class GraphTimer:
         self.reps = reps
         self.min_reps = min_reps
         self.cap_ms = cap_ms
+        # Host seconds per step and how often a measurement was recaptured or retried:
+        # where the harness's time goes, without a profiler on the GPU machine.
+        self.stats: Counter = Counter()
 
     def measure(self, fn: Callable[[int], object], n_copies: int, key: str = "") -> Timing:
+        st = self.stats
+        t0 = time.perf_counter()
         est_us = self._estimate(fn, n_copies)
         n_inner = int(min(self.max_inner, max(1, math.ceil(self.target_replay_us / est_us))))
+        t1 = time.perf_counter()
         graph = self._capture(fn, n_inner, n_copies)
         graph.replay()  # warm-up replay (graph upload), not timed
+        t2 = time.perf_counter()
+        st["estimate_s"] += t1 - t0
+        st["capture_s"] += t2 - t1
+        st["measurements"] += 1
         reps = self._reps(n_inner, est_us)
         best = None
         attempts, resized = 0, False
         while attempts < self.attempts:
+            t3 = time.perf_counter()
             t = self._replays(graph, reps, n_inner)
+            st["replays_s"] += time.perf_counter() - t3
+            st["replays"] += reps
             # The single-launch estimate includes the host's launch overhead (~20 us),
             # so a 5 us kernel got ~5 launches per replay: replays of ~25 us, where
             # graph-launch jitter alone breaks the 5% rule (rows of 8-12 us were 19%
@@ -89,13 +104,17 @@ class GraphTimer:
             want = int(min(self.max_inner, max(1, math.ceil(self.target_replay_us / max(t.p50_us, 0.5)))))
             if not resized and want > 2 * n_inner:
                 resized = True
+                st["recaptured"] += 1
                 del graph
                 n_inner = want
+                t3 = time.perf_counter()
                 graph = self._capture(fn, n_inner, n_copies)
                 graph.replay()
+                st["capture_s"] += time.perf_counter() - t3
                 reps = self._reps(n_inner, t.p50_us)
                 continue
             attempts += 1
+            st["retried"] += attempts > 1
             # An unstable set is retried once: re-measuring showed unstable rows differ
             # by up to 60% between runs while stable ones agree to <1% (median).
             if best is None or t.spread < best.spread:
@@ -103,6 +122,7 @@ class GraphTimer:
             if best.stable:
                 break
         del graph
+        st["total_s"] += time.perf_counter() - t0
         return best
 
     @staticmethod
