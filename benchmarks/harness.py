@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
-from ..kernels.gemm_configs import (GemmConfig, Problem, VendorConfig, config_params,
+from ..kernels.gemm_configs import (VARIANTS, GemmConfig, Problem, VendorConfig, config_params,
                                     feasible_configs)
 from . import correctness as C
 from .provenance import now
@@ -47,10 +47,19 @@ def in_shard(shape, shard: tuple[int, int]) -> bool:
 
 
 def select_candidates(problem: Problem, mode: str, seed: int, arch: str = "sm90") -> list[GemmConfig]:
-    """Candidates to measure for a problem: 'all' or 'sample:K' (K Triton configs + vendor)."""
+    """Candidates to measure for a problem: 'all', 'sample:K' (K Triton configs + vendor) or
+    'variant:A[,B...]' (every feasible config of those variants + vendor)."""
     feas = feasible_configs(problem, arch)
     if mode == "all":
         return feas
+    if mode.startswith("variant:"):
+        # Adds a new kernel variant's rows to shapes measured before it existed; the
+        # vendor row, measured again in the same run, anchors them to the earlier run.
+        names = set(mode.split(":", 1)[1].split(","))
+        unknown = names - set(VARIANTS)
+        if unknown or not names:
+            raise ValueError(f"candidate mode {mode!r}: unknown variant(s) {sorted(unknown)}; known: {sorted(VARIANTS)}")
+        return [c for c in feas if c.variant in names or isinstance(c, VendorConfig)]
     if mode.startswith("sample:"):
         k = int(mode.split(":", 1)[1])
         triton_cfgs = [c for c in feas if not isinstance(c, VendorConfig)]
@@ -59,7 +68,7 @@ def select_candidates(problem: Problem, mode: str, seed: int, arch: str = "sm90"
         picked = rng.sample(triton_cfgs, min(k, len(triton_cfgs)))
         order = {c: i for i, c in enumerate(feas)}
         return sorted(picked, key=order.__getitem__) + vendor
-    raise ValueError(f"candidate mode must be 'all' or 'sample:K', got {mode!r}")
+    raise ValueError(f"candidate mode must be 'all', 'sample:K' or 'variant:NAMES', got {mode!r}")
 
 
 @dataclass

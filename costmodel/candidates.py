@@ -30,6 +30,8 @@ class CandidateTable:
         self._vendor = v == VARIANT_CODES["vendor"]
         self._persistent = v == VARIANT_CODES["persistent"]
         self._splitk = v == VARIANT_CODES["splitk"]
+        self._swapab_tma = v == VARIANT_CODES["swapab_tma"]
+        self._swapab = (v == VARIANT_CODES["swapab"]) | self._swapab_tma
         self._bk = np.maximum(self.params["block_k"], 1)
         self._sk = self.params["split_k"]
 
@@ -46,8 +48,13 @@ class CandidateTable:
             ok &= ~self._vendor
         if (k * e) % 16 or (n * G.DTYPE_BYTES[G.OUT_DTYPE[self.dtype]]) % 16:
             ok &= ~self._persistent
+        if (k * e) % 16:
+            ok &= ~self._swapab_tma
+        # Swap-AB runs only decode shapes, with the one token count that covers M.
+        ok &= ~self._swapab | (self.params["block_m"] == G.swapab_tokens(m))
         k_tiles = np.ceil(k / self._bk)
-        bad_split = self._splitk & ((k_tiles < self._sk) | (self._sk * m * n * 4 > G.SPLITK_WORKSPACE_LIMIT))
+        split = self._splitk | (self._swapab & (self._sk > 1))
+        bad_split = split & ((k_tiles < self._sk) | (self._sk * m * n * 4 > G.SPLITK_WORKSPACE_LIMIT))
         return ok & ~bad_split
 
     def candidate_dicts(self, idx) -> list[dict]:

@@ -434,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--suite", default="foundation", choices=["foundation", "train"])
     src.add_argument("--shapes", help="CSV with columns M,N,K[,dtype]")
     b.add_argument("--dtype", nargs="+", default=["bf16"], choices=["bf16", "fp16", "fp8"])
-    b.add_argument("--mode", default="all", help="'all' (evaluation shapes) or 'sample:K'")
+    b.add_argument("--mode", default="all", help="'all' (evaluation shapes), 'sample:K' (K random Triton configs + cuBLAS) or 'variant:NAME[,NAME]' (one variant's configs + cuBLAS)")
     b.add_argument("--shard", default="0/1", help="i/n: take shapes with hash %% n == i")
     b.add_argument("--devices", type=int, default=0, help="spawn one process per GPU")
     b.add_argument("--seed", type=int, default=0)

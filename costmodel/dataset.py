@@ -171,12 +171,19 @@ def read_file(path: str) -> pd.DataFrame:
 def merge_duplicates(df: pd.DataFrame) -> pd.DataFrame:
     """One row per KEY: times are the median over ok duplicates; a key with any ok row is ok.
 
+    Rows of complete evaluation runs supersede rows of other sweeps: an evaluation
+    shape's oracle must come from runs that timed every candidate together (cards
+    differ by a few percent), so once the config space grows, the earlier runs of a
+    re-measured shape (now incomplete, hence demoted) stop counting for it.
+
     Stable measurements supersede unstable ones: where a key has a stable ok row, its
     unstable rows are dropped. Re-measuring showed unstable rows off by up to 5x
     (cuBLAS on 256x1536x4480: 64.5 us unstable, 12.7 us stable), so a median with
     them would keep much of the error."""
     if not df.duplicated(KEY).any():
         return df.reset_index(drop=True)
+    ev = df["eval_shape"].astype(bool)
+    df = df[ev | ~ev.groupby([df[c] for c in KEY], sort=False, observed=True).transform("any")]
     df = df.assign(_ok=df["status"] == "ok")
     # Prefer ok rows: failures of a key that also has ok measurements are dropped.
     has_ok = df.groupby(KEY, sort=False)["_ok"].transform("any")

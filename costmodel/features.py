@@ -22,7 +22,7 @@ from gemm_costmodel.kernels.gemm_configs import DTYPE_BYTES as IN_BYTES
 from gemm_costmodel.kernels.gemm_configs import OUT_DTYPE, VARIANT_CODES
 from gemm_costmodel.kernels.gemm_configs import PARAM_NAMES as PARAMS
 
-FEATURE_VERSION = 1
+FEATURE_VERSION = 2  # 2: variant codes 4-5 (swap-AB)
 
 DTYPE_CODES = {"bf16": 0, "fp16": 1, "fp8": 2, "fp32": 3}
 OUT_BYTES = {d: IN_BYTES[OUT_DTYPE[d]] for d in IN_BYTES}

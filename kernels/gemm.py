@@ -10,6 +10,8 @@ Variants (configs in gemm_configs.py):
   reduce kernel applies the scales and casts. For decode and skinny shapes.
 - persistent: one program per SM walks the tile list, loading through TMA
   tensor descriptors (Hopper). Needs 16-byte aligned rows.
+- swapab / swapab_tma: decode (M <= 64) kernels computing y.T = w @ x.T, so the
+  weight rows fill the MMA's M side; in kernels/gemm_swapab.py.
 - vendor: torch.mm (cuBLAS) or torch._scaled_mm (fp8).
 
 ``launch(cfg, x, w, ...)`` runs any candidate on torch tensors.
@@ -23,7 +25,7 @@ import triton
 import triton.language as tl
 
 from .gemm_configs import (DTYPE_BYTES, OUT_DTYPE, GemmConfig, PersistentConfig, SplitKConfig,
-                           TiledConfig, VendorConfig)
+                           SwapABConfig, TiledConfig, VendorConfig)
 
 TORCH_DTYPES = {
     "bf16": torch.bfloat16,
@@ -343,6 +345,8 @@ def launch(cfg: GemmConfig, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor 
         return out
     if isinstance(cfg, PersistentConfig):
         return launch_persistent(cfg, x, w, out, sa, sb, has_scale)
+    if isinstance(cfg, SwapABConfig):
+        return gemm_swapab.launch(cfg, x, w, out, scale_a, scale_b)
     if isinstance(cfg, VendorConfig):
         if has_scale:
             # w.t() of a row-major (N, K) weight is the column-major B cuBLASLt wants.
@@ -388,3 +392,7 @@ def reference(x: torch.Tensor, w: torch.Tensor, scale_a=None, scale_b=None) -> t
     if x.dtype == torch.float8_e4m3fn:
         y = y * (scale_a.float() * scale_b.float())
     return y
+
+
+# At the end: gemm_swapab builds on this module's main loop and launch helpers.
+from . import gemm_swapab  # noqa: E402

@@ -118,6 +118,35 @@ class PersistentConfig:
 
 
 @dataclass(frozen=True)
+class SwapABConfig:
+    """Decode kernel computing y.T = w @ x.T: a tile is BLOCK_N weight rows (the MMA's
+    M side, so Hopper's wgmma applies) by BLOCK_M tokens, over one of SPLIT_K slices
+    of K (summed in the same launch). Pointer loads, any K."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int
+    num_warps: int
+    num_stages: int
+    variant: ClassVar[str] = "swapab"
+    prefix: ClassVar[str] = "swapab"
+
+    @property
+    def id(self) -> str:
+        return (f"{self.prefix}_m{self.block_m}n{self.block_n}k{self.block_k}"
+                f"_s{self.split_k}_w{self.num_warps}s{self.num_stages}")
+
+
+@dataclass(frozen=True)
+class SwapABTmaConfig(SwapABConfig):
+    """SwapABConfig loading through TMA tensor descriptors (Hopper; 16-byte aligned K rows)."""
+
+    variant: ClassVar[str] = "swapab_tma"
+    prefix: ClassVar[str] = "swapabtma"
+
+
+@dataclass(frozen=True)
 class VendorConfig:
     """The vendor library: torch.mm (cuBLAS) or torch._scaled_mm for fp8."""
 
@@ -129,9 +158,10 @@ class VendorConfig:
         return self.library
 
 
-GemmConfig = Union[TiledConfig, SplitKConfig, PersistentConfig, VendorConfig]
-VARIANTS = {c.variant: c for c in (TiledConfig, SplitKConfig, PersistentConfig, VendorConfig)}
-VARIANT_CODES = {"tiled": 0, "splitk": 1, "persistent": 2, "vendor": 3}
+GemmConfig = Union[TiledConfig, SplitKConfig, PersistentConfig, SwapABConfig, SwapABTmaConfig, VendorConfig]
+VARIANTS = {c.variant: c for c in (TiledConfig, SplitKConfig, PersistentConfig, SwapABConfig, SwapABTmaConfig,
+                                   VendorConfig)}
+VARIANT_CODES = {"tiled": 0, "splitk": 1, "persistent": 2, "vendor": 3, "swapab": 4, "swapab_tma": 5}
 # Uniform numeric view of any config, used by features and data files.
 PARAM_NAMES = ("block_m", "block_n", "block_k", "group_m", "split_k", "num_warps", "num_stages")
 
@@ -139,6 +169,8 @@ _ID_RE = {
     "tiled": re.compile(r"^tiled_m(\d+)n(\d+)k(\d+)_g(\d+)_w(\d+)s(\d+)$"),
     "splitk": re.compile(r"^splitk_m(\d+)n(\d+)k(\d+)_s(\d+)_w(\d+)s(\d+)$"),
     "persistent": re.compile(r"^persistent_m(\d+)n(\d+)k(\d+)_g(\d+)_w(\d+)s(\d+)$"),
+    "swapab": re.compile(r"^swapab_m(\d+)n(\d+)k(\d+)_s(\d+)_w(\d+)s(\d+)$"),
+    "swapab_tma": re.compile(r"^swapabtma_m(\d+)n(\d+)k(\d+)_s(\d+)_w(\d+)s(\d+)$"),
 }
 
 
@@ -161,7 +193,7 @@ def config_params(cfg: GemmConfig) -> dict:
     out = {p: getattr(cfg, p) if p in names else 0 for p in PARAM_NAMES}
     if isinstance(cfg, (TiledConfig, PersistentConfig)):
         out["split_k"] = 1
-    if isinstance(cfg, SplitKConfig):
+    if isinstance(cfg, (SplitKConfig, SwapABConfig)):
         out["group_m"] = 1
     return out
 
@@ -181,8 +213,8 @@ def static_feasible(cfg: GemmConfig, arch: ArchSpec, dtype: str) -> tuple[bool, 
     """Problem-independent feasibility: shared memory, registers, instruction shapes."""
     if isinstance(cfg, VendorConfig):
         return True, ""
-    if isinstance(cfg, PersistentConfig) and not arch.has_tma:
-        return False, "persistent TMA kernel needs an arch with TMA"
+    if isinstance(cfg, (PersistentConfig, SwapABTmaConfig)) and not arch.has_tma:
+        return False, f"{cfg.variant} (TMA) needs an arch with TMA"
     if smem_bytes(cfg, dtype) > arch.smem_per_block:
         return False, f"shared memory {smem_bytes(cfg, dtype)} B > {arch.smem_per_block} B"
     acc_per_thread = cfg.block_m * cfg.block_n // (cfg.num_warps * 32)
@@ -198,6 +230,12 @@ def static_feasible(cfg: GemmConfig, arch: ArchSpec, dtype: str) -> tuple[bool, 
 
 # The sm_90 search space. Chosen around the Hopper wgmma shapes: tiles of
 # 64/128 rows for compute-bound work, 16/32 rows for decode, split-K up to 16.
+# Swap-AB (decode only): 64 weight rows per tile (the wgmma M side); its token
+# count is tied to M by check_feasible. Chosen from a 288-config exploration on
+# the 40 decode shapes of the foundation suite (benchmarks/explore_swapab.py):
+# 128 weight rows, 8 tokens or BLOCK_K 64-only added < 0.1%.
+SWAPAB_TOKENS = (16, 32, 64)
+SWAPAB_MAX_M = SWAPAB_TOKENS[-1]
 _SPACE_SM90 = {
     "tiled": dict(block_m=(16, 32, 64, 128), block_n=(32, 64, 128, 256), block_k=(64, 128),
                   group_m=(8,), warps_stages=((4, 3), (4, 4), (8, 3), (8, 4))),
@@ -205,7 +243,17 @@ _SPACE_SM90 = {
                    split_k=(2, 4, 8, 16), warps_stages=((4, 3), (4, 4))),
     "persistent": dict(block_m=(64, 128), block_n=(64, 128, 256), block_k=(64, 128),
                        group_m=(8,), warps_stages=((4, 3), (4, 4), (8, 3), (8, 4))),
+    "swapab": dict(block_m=SWAPAB_TOKENS, block_n=(64,), block_k=(64, 128, 256), split_k=(1, 2, 4, 8),
+                   warps_stages=((4, 3), (4, 4), (4, 6))),
+    "swapab_tma": dict(block_m=SWAPAB_TOKENS, block_n=(64,), block_k=(64, 128, 256), split_k=(1, 2, 4, 8),
+                       warps_stages=((4, 3), (4, 4), (4, 6))),
 }
+
+
+def swapab_tokens(m: int) -> int:
+    """The swap-AB tile's token count for M: the smallest of SWAPAB_TOKENS >= M, so one
+    tile column covers every token and the weight is read once."""
+    return next((t for t in SWAPAB_TOKENS if t >= m), 0)
 
 
 def _enumerate(variant: str, space: dict) -> Iterator[GemmConfig]:
@@ -258,7 +306,14 @@ def check_feasible(cfg: GemmConfig, problem: Problem, arch: str = "sm90") -> tup
             return False, "TMA needs K * element size divisible by 16"
         if (problem.n * DTYPE_BYTES[OUT_DTYPE[problem.dtype]]) % 16:
             return False, "TMA needs N * output element size divisible by 16"
-    if isinstance(cfg, SplitKConfig):
+    if isinstance(cfg, SwapABConfig):
+        if problem.m > SWAPAB_MAX_M:
+            return False, f"swap-AB is a decode kernel: M={problem.m} > {SWAPAB_MAX_M}"
+        if cfg.block_m != swapab_tokens(problem.m):
+            return False, f"swap-AB tile has {cfg.block_m} tokens; M={problem.m} takes {swapab_tokens(problem.m)}"
+        if isinstance(cfg, SwapABTmaConfig) and (problem.k * e) % 16:
+            return False, "TMA needs K * element size divisible by 16"
+    if isinstance(cfg, (SplitKConfig, SwapABConfig)) and cfg.split_k > 1:
         k_tiles = -(-problem.k // cfg.block_k)
         if k_tiles < cfg.split_k:
             return False, f"K={problem.k} has {k_tiles} k-tiles < split_k={cfg.split_k}"

@@ -5,7 +5,7 @@ MMA's M side, padded to 16 rows, so Hopper's wgmma (64 rows per warpgroup) is
 out of reach and the loads go through the Ampere-style path. cuBLAS instead
 swaps the operands on these shapes (`nvjet_sm90_tst_64x8_...`,
 `..._64x32_...` in benchmarks/results/vendor/): a tile is BLOCK_N weight rows by
-BLOCK_M tokens, where BLOCK_M can be as small as 8. Here the same: each program
+BLOCK_M tokens, where BLOCK_M can be as small as 8 (the config space uses 16-64). Here the same: each program
 computes a (BLOCK_N, BLOCK_M) tile of y.T over one slice of K (SPLIT_K slices,
 summed in one launch by the last slice to arrive, as the split-K kernel of
 gemm.py does), loading either through pointers (any K) or through TMA
@@ -16,34 +16,12 @@ fp8 inputs carry per-tensor scales and write bf16.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
 from .gemm import _arrival_counters, _mainloop, launch_args
-
-
-@dataclass(frozen=True)
-class SwapABConfig:
-    """A swap-AB candidate: BLOCK_N weight rows x BLOCK_M tokens per tile."""
-
-    block_n: int
-    block_m: int
-    block_k: int
-    split_k: int
-    num_warps: int
-    num_stages: int
-    tma: bool = False
-
-    @property
-    def id(self) -> str:
-        return (f"swapab{'tma' if self.tma else ''}_n{self.block_n}m{self.block_m}k{self.block_k}"
-                f"_s{self.split_k}_w{self.num_warps}s{self.num_stages}")
-
-    def smem_bytes(self, elem: int) -> int:
-        return self.num_stages * (self.block_m + self.block_n) * self.block_k * elem
+from .gemm_configs import SwapABConfig, SwapABTmaConfig
 
 
 @triton.jit
@@ -130,7 +108,7 @@ def launch(cfg: SwapABConfig, x: torch.Tensor, w: torch.Tensor, out=None, scale_
         ws, cnt = out, out  # never read without a split
     common = dict(HAS_SCALE=has_scale, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
                   SPLIT_K=cfg.split_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if cfg.tma:
+    if isinstance(cfg, SwapABTmaConfig):
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         x_desc = TensorDescriptor.from_tensor(x, [cfg.block_m, cfg.block_k])
