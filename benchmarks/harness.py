@@ -46,9 +46,16 @@ def in_shard(shape, shard: tuple[int, int]) -> bool:
     return stable_hash(shape.key) % n == i
 
 
+# The variants of the space when the training shards were first sampled.
+SAMPLE_BASE_VARIANTS = ("tiled", "splitk", "persistent")
+
+
 def select_candidates(problem: Problem, mode: str, seed: int, arch: str = "sm90") -> list[GemmConfig]:
     """Candidates to measure for a problem: 'all', 'sample:K' (K Triton configs + vendor) or
-    'variant:A[,B...]' (every feasible config of those variants + vendor)."""
+    'variant:A[,B...]' (every feasible config of those variants + vendor).
+
+    'sample:K' draws K configs of SAMPLE_BASE_VARIANTS and, from each later variant,
+    the same fraction of its feasible configs."""
     feas = feasible_configs(problem, arch)
     if mode == "all":
         return feas
@@ -62,10 +69,17 @@ def select_candidates(problem: Problem, mode: str, seed: int, arch: str = "sm90"
         return [c for c in feas if c.variant in names or isinstance(c, VendorConfig)]
     if mode.startswith("sample:"):
         k = int(mode.split(":", 1)[1])
-        triton_cfgs = [c for c in feas if not isinstance(c, VendorConfig)]
+        base = [c for c in feas if c.variant in SAMPLE_BASE_VARIANTS]
         vendor = [c for c in feas if isinstance(c, VendorConfig)]
         rng = random.Random(stable_hash(f"{problem.key}/{seed}"))
-        picked = rng.sample(triton_cfgs, min(k, len(triton_cfgs)))
+        picked = rng.sample(base, min(k, len(base)))
+        # Variants added later are sampled at the same rate on their own streams, so the
+        # base sample, and with it every committed training shard's resume, is unchanged.
+        rate = k / max(len(base), 1)
+        for variant in sorted({c.variant for c in feas} - set(SAMPLE_BASE_VARIANTS) - {"vendor"}):
+            group = [c for c in feas if c.variant == variant]
+            rng_v = random.Random(stable_hash(f"{problem.key}/{seed}/{variant}"))
+            picked += rng_v.sample(group, min(len(group), round(rate * len(group))))
         order = {c: i for i, c in enumerate(feas)}
         return sorted(picked, key=order.__getitem__) + vendor
     raise ValueError(f"candidate mode must be 'all', 'sample:K' or 'variant:NAMES', got {mode!r}")

@@ -63,7 +63,7 @@ def test_config_params_uniform_view():
 # The committed space
 # ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dtype,count", [("bf16", 316), ("fp16", 316), ("fp8", 360)])
+@pytest.mark.parametrize("dtype,count", [("bf16", 500), ("fp16", 500), ("fp8", 576)])
 def test_generate_configs_counts_sm90(dtype, count):
     cfgs = generate_configs("sm90", dtype)
     assert len(cfgs) == count
@@ -71,18 +71,18 @@ def test_generate_configs_counts_sm90(dtype, count):
     assert len(set(ids)) == len(ids)
     assert ids == [c.id for c in generate_configs("sm90", dtype)]  # deterministic order
     assert cfgs[-1] == VendorConfig() and sum(isinstance(c, VendorConfig) for c in cfgs) == 1
-    # Variants come in blocks: tiled, then split-K, then persistent, then the vendor.
+    # Variants come in blocks: tiled, split-K, persistent, the two swap-AB ones, then the vendor.
     order = [c.variant for c in cfgs]
-    assert order == sorted(order, key=["tiled", "splitk", "persistent", "vendor"].index)
+    assert order == sorted(order, key=["tiled", "splitk", "persistent", "swapab", "swapab_tma", "vendor"].index)
     assert len(generate_configs("sm90", dtype, include_vendor=False)) == count - 1
 
 
 def test_space_hash_bf16_pinned():
     # Changing the bf16 sm90 space must be a deliberate edit of this literal.
-    assert space_hash(generate_configs("sm90", "bf16")) == "b8bbc0624235a226"
+    assert space_hash(generate_configs("sm90", "bf16")) == "d491a8291cf207c8"
     # fp16 has the same element size, so the same space.
-    assert space_hash(generate_configs("sm90", "fp16")) == "b8bbc0624235a226"
-    assert space_hash(generate_configs("sm90", "fp8")) != "b8bbc0624235a226"
+    assert space_hash(generate_configs("sm90", "fp16")) == "d491a8291cf207c8"
+    assert space_hash(generate_configs("sm90", "fp8")) != "d491a8291cf207c8"
 
 
 def test_space_hash_is_sha256_prefix_of_ids():

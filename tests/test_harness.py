@@ -1,5 +1,6 @@
 """Sweep harness on the CPU with a fake timer: rows, resume after kills, crash markers, sharding."""
 import hashlib
+import random
 import json
 import math
 import shutil
@@ -426,11 +427,18 @@ def test_select_candidates_same_seed_same_list():
 
 def test_select_candidates_sample_k():
     feas = feasible_configs(PROB)
-    for k in (1, 3, 10):
+    base = [c for c in feas if c.variant in H.SAMPLE_BASE_VARIANTS]
+    later = [c for c in feas if c.variant in ("swapab", "swapab_tma")]
+    assert len(base) == 315 and len(later) == 56  # M=64: swap-AB's 64-token configs that fit in smem
+    for k, n_later in ((1, 0), (3, 0), (10, 2), (48, 8)):
         got = H.select_candidates(PROB, f"sample:{k}", 7)
         tri = [c for c in got if not isinstance(c, VendorConfig)]
-        assert len(tri) == k and len(set(tri)) == k
-        assert got[-1] == VendorConfig() and len(got) == k + 1
+        assert len(set(tri)) == len(tri) == k + n_later
+        # k of the base variants (the same draw as before swap-AB existed), and each later
+        # variant at the same rate: 48 / 315 of its 28 configs rounds to 4.
+        assert [c for c in tri if c.variant in H.SAMPLE_BASE_VARIANTS] == \
+            sorted(random.Random(H.stable_hash(f"{PROB.key}/7")).sample(base, k), key=feas.index)
+        assert got[-1] == VendorConfig() and len(got) == k + n_later + 1
         assert all(c in feas for c in got)
         assert tri == [c for c in feas if c in tri]  # in space order
     # Asking for more than exist gives every feasible candidate.
