@@ -35,6 +35,12 @@ def _expected(m, n, k, dtype):
 @example(m=3, n=24, k=48, dtype="fp8")
 @example(m=3, n=48, k=24, dtype="fp8")
 @example(m=1, n=1, k=1, dtype="fp32")
+# Swap-AB: token counts 16/32/64 by M, none above 64, TMA only with 16-byte K rows.
+@example(m=17, n=4096, k=4096, dtype="bf16")
+@example(m=64, n=4096, k=4096, dtype="fp8")
+@example(m=65, n=4096, k=4096, dtype="bf16")
+@example(m=7, n=4096, k=100, dtype="bf16")
+@example(m=7, n=4096, k=200, dtype="fp16")
 def test_feasible_mask_equals_check_feasible(m, n, k, dtype):
     ct = table("sm90", dtype)
     mask = ct.feasible_mask(m, n, k)

@@ -135,6 +135,21 @@ def test_stable_duplicates_supersede_unstable_ones(tmp_path):
     assert r["p50_us"] == pytest.approx(12.9) and r["p20_us"] == pytest.approx(12.7) and r["stable"]
 
 
+def test_complete_evaluation_runs_supersede_other_rows_of_a_key(tmp_path):
+    # Two older runs of a shape (demoted: the space grew since) and one complete run;
+    # the shape's oracle must come from the complete run alone, whatever the others say.
+    old = write_parquet(tmp_path / "old.parquet", [good_row(p50_us=10.0), good_row(p50_us=10.4)])
+    new = write_parquet(tmp_path / "new.parquet", [good_row(p50_us=9.0, eval_shape=True)])
+    r = D.load_dataset([old, new]).iloc[0]
+    assert r["p50_us"] == pytest.approx(9.0) and bool(r["eval_shape"])
+    # Without an evaluation row, every row of the key still counts (median).
+    r = D.load_dataset([old]).iloc[0]
+    assert r["p50_us"] == pytest.approx(10.2) and not bool(r["eval_shape"])
+    # Two complete runs of the same key are both kept: their median (here the mean).
+    again = write_parquet(tmp_path / "again.parquet", [good_row(p50_us=9.4, eval_shape=True)])
+    assert D.load_dataset([old, new, again]).iloc[0]["p50_us"] == pytest.approx(9.2)
+
+
 def test_build_parquet_roundtrip(tmp_path):
     raw = write_jsonl(tmp_path / "train-bf16-shard00of02.jsonl.gz",
                       [good_row(), good_row(dtype="fp16", m=3), good_row(m=9, hostname="x", rel_err=1e-3)])

@@ -7,8 +7,8 @@ import torch
 from gemm_costmodel.benchmarks import correctness as C
 from gemm_costmodel.kernels import gemm
 from gemm_costmodel.kernels.gemm_configs import (DTYPE_BYTES, OUT_DTYPE, PersistentConfig, Problem,
-                                                 SplitKConfig, TiledConfig, VendorConfig,
-                                                 check_feasible)
+                                                 SplitKConfig, SwapABConfig, SwapABTmaConfig, TiledConfig,
+                                                 VendorConfig, check_feasible, swapab_tokens)
 
 from conftest import operands_for
 
@@ -33,6 +33,12 @@ CONFIGS = [
     SplitKConfig(16, 32, 32, 3, 4, 3),     # uneven K slices (e.g. 4 k-tiles over 3 programs)
     PersistentConfig(64, 64, 64, 8, 4, 3),
     PersistentConfig(16, 32, 64, 2, 4, 3), # more tiles than the 4 CPU "SMs": programs stride
+    # Swap-AB: 16 tokens serve M=1 and 7, 64 serve M=33; M=65 is not a decode shape.
+    SwapABConfig(16, 32, 32, 1, 4, 3),
+    SwapABConfig(16, 32, 32, 3, 4, 3),     # split-K in one launch, uneven K slices
+    SwapABConfig(64, 32, 64, 2, 4, 3),
+    SwapABTmaConfig(16, 32, 32, 2, 4, 3),
+    SwapABTmaConfig(64, 32, 32, 1, 4, 3),
 ]
 
 
@@ -52,6 +58,12 @@ def test_variant_matches_reference(cfg, shape, dtype):
     if isinstance(cfg, PersistentConfig):
         misaligned = (k * DTYPE_BYTES[dtype]) % 16 != 0 or (n * DTYPE_BYTES[OUT_DTYPE[dtype]]) % 16 != 0
         assert ok == (not misaligned), why
+    if isinstance(cfg, SwapABConfig):
+        # y is stored through pointers, so only TMA's K rows need alignment, never N.
+        misaligned = isinstance(cfg, SwapABTmaConfig) and (k * DTYPE_BYTES[dtype]) % 16 != 0
+        too_few_k_tiles = -(-k // cfg.block_k) < cfg.split_k
+        assert ok == (m <= 64 and cfg.block_m == swapab_tokens(m) and not misaligned
+                      and not too_few_k_tiles), why
     if not ok:
         pytest.skip(f"infeasible: {why}")
     status, err, detail = C.gate(cfg, ops, ref, dtype)
@@ -63,6 +75,9 @@ def test_variant_matches_reference(cfg, shape, dtype):
 
 
 SPLITK_CONFIGS = [c for c in CONFIGS if isinstance(c, SplitKConfig)]
+# Every kernel that reduces its K slices in one launch through the arrival counters.
+ONE_LAUNCH_SPLIT_CONFIGS = SPLITK_CONFIGS + [c for c in CONFIGS if isinstance(c, SwapABConfig)
+                                             and c.split_k > 1 and c.block_m == 64]
 PERSISTENT_CONFIGS = [c for c in CONFIGS if isinstance(c, PersistentConfig)]
 
 
@@ -117,7 +132,7 @@ def test_persistent_program_count_is_not_compiled_in():
     assert "NUM_PROGRAMS" in kernel.kwargs["do_not_specialize"]  # no ==1 / %16 variants either
 
 
-@pytest.mark.parametrize("cfg", SPLITK_CONFIGS, ids=_ids)
+@pytest.mark.parametrize("cfg", ONE_LAUNCH_SPLIT_CONFIGS, ids=_ids)
 def test_splitk_one_launch_leaves_arrival_counters_zero(monkeypatch, cfg):
     """The one-launch split-K must reset its per-tile counters, or the next launch never stores y."""
     monkeypatch.setattr(gemm, "SPLITK_SERIAL", True)

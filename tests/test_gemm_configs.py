@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from gemm_costmodel.kernels import gemm_configs as G
 from gemm_costmodel.kernels.gemm_configs import (ARCHS, DTYPES, PersistentConfig, Problem,
-                                                 SplitKConfig, TiledConfig, VendorConfig,
+                                                 SplitKConfig, SwapABConfig, TiledConfig, VendorConfig,
                                                  check_feasible, config_from_id, config_params,
                                                  feasible_configs, generate_configs, smem_bytes,
                                                  space_hash, static_feasible)
@@ -283,3 +283,27 @@ def test_gemm_configs_does_not_import_torch():
 def test_non_canonical_id_raises(cid):
     with pytest.raises(ValueError, match="unknown config id"):
         config_from_id(cid)
+
+
+def test_swapab_is_decode_only_with_one_token_count():
+    from gemm_costmodel.kernels.gemm_configs import SwapABTmaConfig, swapab_tokens
+
+    assert [swapab_tokens(m) for m in (1, 7, 16, 17, 32, 33, 64, 65)] == [16, 16, 16, 32, 32, 64, 64, 0]
+    for m, ok_tokens in ((1, 16), (16, 16), (17, 32), (64, 64)):
+        for t in (16, 32, 64):
+            ok, why = check_feasible(SwapABConfig(t, 64, 128, 1, 4, 3), Problem(m, 4096, 4096, "bf16"))
+            assert ok == (t == ok_tokens), (m, t, why)
+    ok, why = check_feasible(SwapABConfig(64, 64, 128, 1, 4, 3), Problem(65, 4096, 4096, "bf16"))
+    assert not ok and "decode" in why
+    # TMA needs 16-byte K rows (K=100 bf16 is 200 B); the pointer variant does not.
+    assert check_feasible(SwapABTmaConfig(16, 64, 64, 1, 4, 3), Problem(7, 4096, 100, "bf16"))[0] is False
+    assert check_feasible(SwapABConfig(16, 64, 64, 1, 4, 3), Problem(7, 4096, 100, "bf16"))[0] is True
+    # A split needs as many K tiles: K=256 has 2 tiles of 128.
+    assert check_feasible(SwapABConfig(16, 64, 128, 2, 4, 3), Problem(7, 4096, 256, "bf16"))[0] is True
+    assert check_feasible(SwapABConfig(16, 64, 128, 4, 4, 3), Problem(7, 4096, 256, "bf16"))[0] is False
+    # Per decode shape: 2 loaders x 3 BLOCK_K x 4 splits x 3 pipelines, less what overflows smem.
+    feas = feasible_configs(Problem(7, 4096, 4096, "bf16"))
+    assert sum(isinstance(c, SwapABConfig) for c in feas) == 64
+    assert not any(isinstance(c, SwapABConfig) for c in feasible_configs(Problem(65, 4096, 4096, "bf16")))
+    assert config_from_id("swapabtma_m16n64k256_s1_w4s4") == SwapABTmaConfig(16, 64, 256, 1, 4, 4)
+    assert config_from_id("swapab_m16n64k256_s1_w4s4") != config_from_id("swapabtma_m16n64k256_s1_w4s4")

@@ -445,6 +445,19 @@ def test_select_candidates_sample_k():
     assert H.select_candidates(PROB, "sample:100000", 0) == feas
 
 
+def test_select_candidates_variant_mode():
+    got = H.select_candidates(PROB, "variant:swapab,swapab_tma", 0)
+    feas = feasible_configs(PROB)
+    assert got == [c for c in feas if c.variant in ("swapab", "swapab_tma")] + [VendorConfig()]
+    assert len(got) == 57
+    assert H.select_candidates(PROB, "variant:persistent", 0)[-1] == VendorConfig()
+    # Prefill shapes have no swap-AB candidate: only the vendor row is left.
+    assert H.select_candidates(Problem(4096, 4096, 4096, "bf16"), "variant:swapab", 0) == [VendorConfig()]
+    for bad in ("variant:", "variant:nope", "variant:swapab,nope"):
+        with pytest.raises(ValueError, match="unknown variant"):
+            H.select_candidates(PROB, bad, 0)
+
+
 def test_select_candidates_all_and_respects_feasibility():
     assert H.select_candidates(PROB, "all", 0) == feasible_configs(PROB)
     odd = Problem(7, 33, 100, "fp16")  # K * 2 B = 200: no persistent
