@@ -86,6 +86,32 @@ THROUGHPUT_SHAPES = (S.Shape(1024, 4096, 4096, "bf16"), S.Shape(512, 8192, 2048,
                      S.Shape(256, 5120, 5120, "bf16"), S.Shape(2048, 2048, 2048, "bf16"))
 
 
+def capture_ab(out_dir, prov, workers, rounds=2, n_cands=48):
+    """Same host, one process: the harness's throughput with torch.cuda.graph() capture
+    (sync + gc.collect + empty_cache per graph) against the light capture, alternating."""
+    import tempfile
+
+    probs = [Problem(s.m, s.n, s.k, s.dtype) for s in THROUGHPUT_SHAPES]
+    cands = {p: harness.select_candidates(p, f"sample:{n_cands}", 1) for p in probs}
+    precompile.precompile(list(cands.items()), workers=workers, log=log)
+    res = {"torch_capture": [], "light_capture": [], "timer_stats": {}}
+    for r in range(2 * rounds + 1):  # the first round warms the kernels and is not counted
+        light = r % 2 == 0
+        timer = timing.GraphTimer(light_capture=light)
+        with tempfile.TemporaryDirectory() as tmp, ResultStore(os.path.join(tmp, "t.jsonl")) as store:
+            stats = harness.run_sweep(THROUGHPUT_SHAPES, store, timer, mode=f"sample:{n_cands}", seed=1,
+                                      provenance=prov, suite="throughput", progress=False)
+        if r == 0:
+            continue
+        name = "light_capture" if light else "torch_capture"
+        res[name].append(stats.rate)
+        res["timer_stats"].setdefault(name, []).append(dict(timer.stats))
+        log(f"capture A/B round {r}: {name} {stats.rate:.0f}/s")
+    res["provenance"] = prov
+    json.dump(res, open(os.path.join(out_dir, "capture_ab.json"), "w"), indent=1)
+    return res
+
+
 def throughput(out_dir, prov, workers, n_cands=48):
     from triton.testing import do_bench
 
@@ -153,6 +179,8 @@ def main():
         gate_all(args.out, prov, args.workers)
     if "throughput" in args.parts:
         throughput(args.out, prov, args.workers)
+    if "capture_ab" in args.parts:
+        capture_ab(args.out, prov, args.workers)
     if "bench" in args.parts:
         bench(args.out, prov, args.workers, tuple(args.bench_dtypes))
 
