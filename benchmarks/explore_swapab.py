@@ -8,7 +8,8 @@ of two >= 8 (and 16 where that is 8), BLOCK_K 64/128/256, split 1/2/4/8, 3/4/6
 stages, pointer or TMA loads), each checked against the fp32 reference first.
 The swap-AB kernels are compiled beforehand in parallel worker processes.
 
-Writes swapab_<dtype>.json and prints the geomean of cuBLAS / best-committed and
+Before the variant joined the space (c33aaca) its ids read `swapab[tma]_n{rows}m{tokens}...`;
+benchmarks/results/explore/swapab_bf16.json keeps those ids. Writes swapab_<dtype>.json and prints the geomean of cuBLAS / best-committed and
 cuBLAS / best-of-all, and which parameters the winning swap-AB configs share.
 
     python -m gemm_costmodel.benchmarks.explore_swapab --out OUT \
@@ -29,12 +30,13 @@ import time
 from gemm_costmodel import shapes as S
 from gemm_costmodel.benchmarks import summary
 from gemm_costmodel.benchmarks.precompile import probe
-from gemm_costmodel.kernels.gemm_configs import ARCHS, DTYPE_BYTES, Problem, VendorConfig, config_from_id
+from gemm_costmodel.kernels.gemm_configs import (ARCHS, DTYPE_BYTES, Problem, VendorConfig, config_from_id,
+                                                 smem_bytes)
 
 
 def grid(p: Problem):
-    """Swap-AB configs for a decode problem (see module doc)."""
-    from gemm_costmodel.kernels.gemm_swapab import SwapABConfig
+    """Swap-AB configs for a decode problem (see module doc); wider than the committed space."""
+    from gemm_costmodel.kernels.gemm_configs import SwapABConfig, SwapABTmaConfig
 
     e = DTYPE_BYTES[p.dtype]
     bm0 = max(8, 1 << (p.m - 1).bit_length())
@@ -43,8 +45,8 @@ def grid(p: Problem):
     out = []
     for bm, bn, bk, split, st, tma in itertools.product(bms, (64, 128), (64, 128, 256), (1, 2, 4, 8),
                                                         (3, 4, 6), (False, True)):
-        cfg = SwapABConfig(bn, bm, bk, split, 4, st, tma)
-        if cfg.smem_bytes(e) > ARCHS["sm90"].smem_per_block or k_tiles(bk) < split:
+        cfg = (SwapABTmaConfig if tma else SwapABConfig)(bm, bn, bk, split, 4, st)
+        if smem_bytes(cfg, p.dtype) > ARCHS["sm90"].smem_per_block or k_tiles(bk) < split:
             continue
         if tma and (p.k * e) % 16:
             continue
