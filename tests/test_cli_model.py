@@ -75,7 +75,8 @@ def test_run_writes_report_and_model(run_dir):
     man = read_json(models / "gemm-sm90.json")
     assert man["metrics"], "held-out metrics missing from the manifest"
     m = man["metrics"]["NVIDIA H200/fp8"]
-    assert m["shapes"] == 18 and 1.0 <= m["geomean_slowdown"] < 3.0
+    # 12: the H200 decode shapes lack swap-AB rows, so they are training shapes now.
+    assert m["shapes"] == 12 and 1.0 <= m["geomean_slowdown"] < 3.0
     assert man["feature_schema_hash"] == F.schema_hash() and man["dtypes"] == ["fp8"]
     assert man["hyperparameters"]["n_estimators"] == 20 and man["hyperparameters"]["max_depth"] == 4
     # The printed table and the report path.
