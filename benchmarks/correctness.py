@@ -146,3 +146,15 @@ def gate(cfg: GemmConfig, ops: Operands, ref: torch.Tensor, dtype: str,
         return classify_exception(exc), float("nan"), f"{type(exc).__name__}: {str(exc)[:300]}"
     ok, err, why = check_output(y, ref, dtype)
     return (STATUS_OK if ok else STATUS_WRONG), err, why
+
+
+def gate_and_time(timer, cfg: GemmConfig, run: Callable[[Operands], torch.Tensor], ops: list[Operands],
+                  ref: torch.Tensor, dtype: str) -> tuple[float | None, str]:
+    """For explorations of kernels outside the space: (p50 in us of ``run`` over the operand
+    sets, '' or 'unstable') once ``run`` on the first set passes the gate, else (None, why)."""
+    status, _, why = gate(cfg, ops[0], ref, dtype, run=lambda: run(ops[0]))
+    if status != STATUS_OK:
+        return None, f"{status}: {why}"
+    t = timer.measure(lambda i: run(ops[i]), len(ops))
+    return t.p50_us, ("" if t.stable else "unstable")
+

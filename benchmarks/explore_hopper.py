@@ -125,11 +125,7 @@ def main():
         has_scale = p.dtype == "fp8"
 
         def timed(cfg, run):
-            status, _, why = C.gate(cfg, ops[0], ref, p.dtype, run=lambda: run(ops[0]))
-            if status != C.STATUS_OK:
-                return None, f"{status}: {why}"
-            t = timer.measure(lambda i: run(ops[i]), len(ops))
-            return t.p50_us, ("" if t.stable else "unstable")
+            return C.gate_and_time(timer, cfg, run, ops, ref, p.dtype)
 
         row = {"m": p.m, "n": p.n, "k": p.k, "base_id": best_id, "variants": {}, "failures": {}}
         row["base_us"], _ = timed(best_cfg, lambda o: o.run(best_cfg))

@@ -32,14 +32,6 @@ STREAMK = [SK.StreamKConfig(bm, bn, 64, 8, w, s, 1)
                                   (64, 256, 4, 4))]
 
 
-def _gate_and_time(timer, cfg, run, ops, ref, dtype):
-    """p50 in us of run(operand set) after the correctness gate, or (None, why)."""
-    status, _, why = C.gate(cfg, ops[0], ref, dtype, run=lambda: run(ops[0]))
-    if status != C.STATUS_OK:
-        return None, f"{status}: {why}"
-    return timer.measure(lambda i: run(ops[i]), len(ops)).p50_us, ""
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -60,13 +52,13 @@ def main():
         ops, ref = C.operand_sets(p, 0, int(prov.get("l2_bytes") or 50 << 20))
         first = ops[0]
         row = {"m": p.m, "n": p.n, "k": p.k, "base_id": best_id, "streamk": {}, "failures": {}}
-        row["base_us"], _ = _gate_and_time(timer, best_cfg, lambda o: o.run(best_cfg), ops, ref, p.dtype)
-        row["cublas_us"], _ = _gate_and_time(timer, VendorConfig(), lambda o: o.run(VendorConfig()), ops, ref,
-                                              p.dtype)
+        row["base_us"], _ = C.gate_and_time(timer, best_cfg, lambda o: o.run(best_cfg), ops, ref, p.dtype)
+        row["cublas_us"], _ = C.gate_and_time(timer, VendorConfig(), lambda o: o.run(VendorConfig()), ops, ref,
+                                               p.dtype)
         for cfg in STREAMK:
             if not SK.feasible(cfg, p.k, DTYPE_BYTES[p.dtype])[0]:
                 continue
-            t, why = _gate_and_time(timer, cfg, lambda o, c=cfg: SK.launch(c, o.x, o.w, o.out), ops, ref, p.dtype)
+            t, why = C.gate_and_time(timer, cfg, lambda o, c=cfg: SK.launch(c, o.x, o.w, o.out), ops, ref, p.dtype)
             if t is None:
                 row["failures"][cfg.id] = why
             else:

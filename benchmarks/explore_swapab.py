@@ -128,11 +128,7 @@ def main():
         ops, ref = C.operand_sets(p, 0, int(prov.get("l2_bytes") or 50 << 20))
 
         def timed(cfg, run):
-            status, _, why = C.gate(cfg, ops[0], ref, p.dtype, run=lambda: run(ops[0]))
-            if status != C.STATUS_OK:
-                return None, f"{status}: {why}"
-            t = timer.measure(lambda i: run(ops[i]), len(ops))
-            return t.p50_us, ("" if t.stable else "unstable")
+            return C.gate_and_time(timer, cfg, run, ops, ref, p.dtype)
 
         row = {"m": p.m, "n": p.n, "k": p.k, "dtype": p.dtype, "committed": {}, "variants": {}, "failures": {}}
         for cid in mine.candidate:

@@ -409,3 +409,21 @@ def test_reference_applies_fp8_scales():
     w = torch.full((3, 16), 0.5).to(torch.float8_e4m3fn)
     y = gemm.reference(x, w, torch.tensor([0.25]), torch.tensor([4.0]))
     assert torch.equal(y, torch.full((2, 3), 16.0))  # 16 * (2*0.5) * (0.25*4)
+
+
+def test_gate_and_time_times_only_what_passes_the_gate():
+    from gemm_costmodel.benchmarks.timing import FakeTimer
+
+    prob, ops, ref = operands_for(7, 40, 72, "fp32")
+    cfg = TiledConfig(16, 32, 64, 8, 4, 3)
+    timer = FakeTimer(lambda key: 12.5)
+    assert C.gate_and_time(timer, cfg, lambda o: o.run(cfg), [ops], ref, "fp32") == (12.5, "")
+    assert timer.calls == 1
+    # A kernel that leaves half the output unwritten fails the gate and is never timed.
+    def half(o):
+        y = o.run(cfg)
+        y[:, 20:] = float("nan")
+        return y
+    t, why = C.gate_and_time(timer, cfg, half, [ops], ref, "fp32")
+    assert t is None and why.startswith("wrong:") and "unwritten" in why
+    assert timer.calls == 1
