@@ -25,8 +25,16 @@ STATUS_OK = "ok"
 STATUS_WRONG = "wrong"
 STATUS_COMPILE_ERROR = "compile_error"
 STATUS_OUT_OF_RESOURCES = "out_of_resources"
-STATUS_CRASH = "crash"  # the process died while running this candidate
-STATUSES = (STATUS_OK, STATUS_WRONG, STATUS_COMPILE_ERROR, STATUS_OUT_OF_RESOURCES, STATUS_CRASH)
+STATUS_CRASH = "crash"  # the process died while running this candidate (twice), or the CUDA context broke
+# The device ran out of memory: a state of the process (what earlier candidates left
+# reserved), not a property of the config. Such a row is not permanent: a resume
+# measures it again, and its shape is no evaluation shape until it does.
+STATUS_OUT_OF_MEMORY = "out_of_memory"
+STATUSES = (STATUS_OK, STATUS_WRONG, STATUS_COMPILE_ERROR, STATUS_OUT_OF_RESOURCES, STATUS_CRASH,
+            STATUS_OUT_OF_MEMORY)
+# Failures that are a property of the config on this arch (it does not compile, or
+# needs more shared memory or registers than there are): expected, not a health problem.
+CONFIG_FAILURES = (STATUS_COMPILE_ERROR, STATUS_OUT_OF_RESOURCES)
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
@@ -90,10 +98,18 @@ def reference(ops: Operands) -> torch.Tensor:
     return gemm.reference(ops.x, ops.w, ops.scale_a, ops.scale_b)
 
 
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether exc is the device running out of memory (torch's allocator, or a CUDA
+    allocation error raised by a launcher), as opposed to a config's resource limit."""
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
 def classify_exception(exc: BaseException) -> str:
     """Map an exception raised while compiling/launching a candidate to a status."""
     name = type(exc).__name__
     text = str(exc)
+    if is_out_of_memory(exc):
+        return STATUS_OUT_OF_MEMORY
     if name == "OutOfResources" or "out of resource" in text.lower():
         return STATUS_OUT_OF_RESOURCES
     if "CUDA error" in text or "illegal memory access" in text or name == "AcceleratorError":

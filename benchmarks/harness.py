@@ -13,6 +13,7 @@ import hashlib
 import random
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
@@ -20,7 +21,7 @@ from ..kernels.gemm_configs import (VARIANTS, GemmConfig, Problem, VendorConfig,
                                     feasible_configs)
 from . import correctness as C
 from .provenance import now
-from .store import ResultStore
+from .store import MAX_DEATHS, ResultStore
 
 L2_POLICY = "rotate"
 
@@ -96,10 +97,76 @@ class SweepStats:
     # Where the seconds went (inputs + reference, correctness gate, timing, store
     # writes): tells what to speed up next without a profiler on the GPU machine.
     phase_seconds: dict = field(default_factory=lambda: {"setup": 0.0, "gate": 0.0, "timing": 0.0, "store": 0.0})
+    # Rows written by this run, per status; shapes skipped because their inputs did not fit.
+    statuses: Counter = field(default_factory=Counter)
+    skipped_shapes: list = field(default_factory=list)
+    # One entry per shape: its status counts, seconds and device memory (see shape_memory).
+    shape_log: list = field(default_factory=list)
+    # Shapes with more than HEALTH_THRESHOLD of their rows failed for a reason other
+    # than the config itself (see health_warning).
+    unhealthy: list = field(default_factory=list)
 
     @property
     def rate(self) -> float:
         return self.measured / self.seconds if self.seconds > 0 else 0.0
+
+    def memory_summary(self) -> dict:
+        """Largest per-shape peaks of reserved and allocated device memory, MiB."""
+        logs = [s["memory"] for s in self.shape_log if s.get("memory")]
+        if not logs:
+            return {}
+        return {"shapes": len(logs),
+                "max_reserved_peak_mb": max(m["reserved_peak_mb"] for m in logs),
+                "max_allocated_peak_mb": max(m["allocated_peak_mb"] for m in logs),
+                "max_reserved_after_mb": max(m["reserved_after_mb"] for m in logs)}
+
+
+# A shape whose rows failed for reasons other than the config itself (out of memory,
+# wrong results, crashes) above this fraction has no trustworthy oracle.
+HEALTH_THRESHOLD = 0.01
+
+
+def health_warning(shape_key: str, counts: Counter) -> str | None:
+    """A loud one-line warning when more than HEALTH_THRESHOLD of a shape's rows failed
+    for a reason other than a compile error or a resource limit of the config."""
+    total = sum(counts.values())
+    bad = {s: n for s, n in counts.items() if s != C.STATUS_OK and s not in C.CONFIG_FAILURES}
+    if total == 0 or sum(bad.values()) <= HEALTH_THRESHOLD * total:
+        return None
+    detail = ", ".join(f"{s} {n}" for s, n in sorted(bad.items()))
+    return (f"WARNING: {shape_key}: {sum(bad.values())} of {total} rows failed ({detail}); "
+            "its oracle is not exact until they are measured again")
+
+
+def shape_memory(device: str) -> dict | None:
+    """Reserved and allocated device memory (MiB) now and at their peaks since the last
+    call; resets the peaks. None off the GPU."""
+    if not str(device).startswith("cuda"):
+        return None
+    import torch
+
+    mib = 2.0 ** 20
+    out = {"reserved_peak_mb": round(torch.cuda.max_memory_reserved() / mib, 1),
+           "allocated_peak_mb": round(torch.cuda.max_memory_allocated() / mib, 1),
+           "reserved_after_mb": round(torch.cuda.memory_reserved() / mib, 1),
+           "allocated_after_mb": round(torch.cuda.memory_allocated() / mib, 1)}
+    torch.cuda.reset_peak_memory_stats()
+    return out
+
+
+def free_device_memory(timer, device: str) -> None:
+    """Return what the sweep no longer uses to the driver: the timer's graph pool, the
+    allocator's cached blocks (those of dead Python objects too)."""
+    if hasattr(timer, "new_pool"):
+        timer.new_pool()
+    if str(device).startswith("cuda"):
+        import gc
+
+        import torch
+
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
 
 
 def _progress(total: int, desc: str, enabled: bool):
@@ -111,6 +178,32 @@ def _progress(total: int, desc: str, enabled: bool):
                 dynamic_ncols=True, smoothing=0.05)
 
 
+def _say(bar, msg: str) -> None:
+    """A line on stderr that does not tear the progress bar."""
+    if bar is not None:
+        bar.write(msg, file=sys.stderr)
+    else:
+        print(msg, file=sys.stderr)
+
+
+def measure_candidate(cfg: GemmConfig, ops, ref, dtype: str, timer, key: tuple, phase: dict) -> dict:
+    """Gate then time one candidate: the row's status, error and timing fields."""
+    t0 = time.perf_counter()
+    status, err, detail = C.gate(cfg, ops[0], ref, dtype)
+    out = {"status": status, "rel_err": err, "error": detail}
+    t1 = time.perf_counter()
+    phase["gate"] += t1 - t0
+    if status == C.STATUS_OK:
+        try:
+            t = timer.measure(lambda i, c=cfg: ops[i].run(c), len(ops), key="|".join(map(str, key)))
+            out.update(p20_us=t.p20_us, p50_us=t.p50_us, p80_us=t.p80_us,
+                       n_samples=t.n_samples, n_inner=t.n_inner, stable=t.stable)
+        except Exception as exc:  # noqa: BLE001 - a failure is a row, not a lost shape
+            out.update(status=C.classify_exception(exc), error=f"timing: {str(exc)[:300]}")
+    phase["timing"] += time.perf_counter() - t1
+    return out
+
+
 def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all", seed: int = 0,
               device: str = "cuda", arch: str = "sm90", provenance: dict | None = None,
               suite: str = "user", progress: bool = True, time_budget_s: float | None = None,
@@ -119,6 +212,12 @@ def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all",
 
     With ``time_budget_s``, stops cleanly between shapes once the budget is
     spent (a later run resumes), instead of being killed mid-candidate.
+
+    Device memory: the timer's graph pool and the allocator's cache are freed after
+    every shape, and ``stats.shape_log`` records each shape's reserved and allocated
+    memory. A candidate that runs out of memory is retried once after freeing; if it
+    fails again its row has status ``out_of_memory``, which a resume measures again.
+    A shape whose inputs do not fit is skipped with a message.
     """
     prov = dict(provenance or {})
     l2 = int(prov.get("l2_bytes") or 50 * 2**20)
@@ -132,9 +231,10 @@ def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all",
         if todo:
             plan.append((sh, prob, todo, len(cands)))
 
-    crashed = store.crashed_key()
+    died = store.died_in()
     bar = _progress(sum(len(p[2]) for p in plan), f"sweep {suite}", progress)
     t_start = time.perf_counter()
+    shape_memory(device)  # peaks count from here
     try:
         for sh, prob, todo, n_cands in plan:
             t_shape = time.perf_counter()
@@ -142,8 +242,18 @@ def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all",
                 stats.stopped_early = True
                 break
             phase = stats.phase_seconds
-            ops, ref = C.operand_sets(prob, seed, l2, device)
-            first, n_copies = ops[0], len(ops)
+            try:
+                ops, ref = C.operand_sets(prob, seed, l2, device)
+            except Exception as exc:  # noqa: BLE001 - only running out of memory skips a shape
+                if not C.is_out_of_memory(exc):
+                    raise
+                ops = ref = None
+                free_device_memory(timer, device)
+                stats.skipped_shapes.append(prob.key)
+                _say(bar, f"skipping {prob.key}: its inputs do not fit in device memory ({str(exc)[:160]})")
+                bar and bar.update(len(todo))
+                continue
+            n_copies = len(ops)
             phase["setup"] += time.perf_counter() - t_shape
             base = {
                 "suite": suite, "m": sh.m, "n": sh.n, "k": sh.k, "dtype": sh.dtype,
@@ -152,59 +262,84 @@ def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all",
                 "l2_policy": L2_POLICY, "n_copies": n_copies, "timer": timer.name, **prov,
             }
             measured_here = 0
+            counts: Counter = Counter()
             for cfg in todo:
                 key = (sh.dtype, sh.m, sh.n, sh.k, cfg.id)
                 row = {**base, "candidate": cfg.id, "variant": cfg.variant, **config_params(cfg),
                        "status": C.STATUS_OK, "rel_err": float("nan"), "p20_us": float("nan"),
                        "p50_us": float("nan"), "p80_us": float("nan"), "n_samples": 0, "n_inner": 0,
                        "stable": False, "error": ""}
-                if crashed == key:
-                    # The previous process died inside this candidate: record, don't rerun.
-                    row.update(status=C.STATUS_CRASH, error="process died while running this candidate",
-                               timestamp=now())
+                deaths = died[1] if died is not None and died[0] == key else 0
+                if deaths >= MAX_DEATHS:
+                    # Processes died inside this candidate twice: a crash of its own, not a kill
+                    # from outside. Record it, don't run it a third time.
+                    row.update(status=C.STATUS_CRASH, timestamp=now(),
+                               error=f"the process died while running this candidate ({deaths} times)")
                     store.append(row)
                     store.end()
                     stats.failed += 1
+                    stats.statuses[row["status"]] += 1
+                    counts[row["status"]] += 1
                     bar and bar.update(1)
                     continue
-                t0 = time.perf_counter()
-                store.begin(key)
-                status, err, detail = C.gate(cfg, first, ref, sh.dtype)
-                row.update(status=status, rel_err=err, error=detail)
-                t1 = time.perf_counter()
-                phase["gate"] += t1 - t0
-                if status == C.STATUS_OK:
-                    try:
-                        t = timer.measure(lambda i, c=cfg: ops[i].run(c), n_copies, key="|".join(map(str, key)))
-                        row.update(p20_us=t.p20_us, p50_us=t.p50_us, p80_us=t.p80_us,
-                                   n_samples=t.n_samples, n_inner=t.n_inner, stable=t.stable)
-                        measured_here += 1
-                    except Exception as exc:  # noqa: BLE001 - a failure is a row, not a lost shape
-                        row.update(status=C.classify_exception(exc), error=f"timing: {str(exc)[:300]}")
-                if row["status"] != C.STATUS_OK:
+                store.begin(key, deaths)
+                row.update(measure_candidate(cfg, ops, ref, sh.dtype, timer, key, phase))
+                if row["status"] == C.STATUS_OUT_OF_MEMORY:
+                    # What earlier candidates left reserved, not this config: free and retry once.
+                    free_device_memory(timer, device)
+                    row.update(measure_candidate(cfg, ops, ref, sh.dtype, timer, key, phase))
+                if row["status"] == C.STATUS_OK:
+                    measured_here += 1
+                else:
                     stats.failed += 1
                 t2 = time.perf_counter()
-                phase["timing"] += t2 - t1
                 row["timestamp"] = now()
                 store.append(row)
                 store.end()
                 phase["store"] += time.perf_counter() - t2
+                stats.statuses[row["status"]] += 1
+                counts[row["status"]] += 1
                 bar and bar.update(1)
                 if row["status"] == C.STATUS_CRASH:
                     raise RuntimeError(f"CUDA context lost at {cfg.id} on {sh.key}; rerun to resume")
             stats.shapes += 1
             stats.measured += measured_here
+            del ops, ref
+            free_device_memory(timer, device)
+            entry = {"shape": prob.key, "rows": sum(counts.values()), "statuses": dict(counts),
+                     "seconds": round(time.perf_counter() - t_shape, 2), "memory": shape_memory(device)}
+            stats.shape_log.append(entry)
+            warn = health_warning(prob.key, counts)
+            if warn:
+                stats.unhealthy.append(prob.key)
+                _say(bar, warn)
             if on_shape is not None:
-                on_shape(sh, {"measured": measured_here, "seconds": time.perf_counter() - t_shape})
-            del ops, first, ref
+                on_shape(sh, {"measured": measured_here, "seconds": time.perf_counter() - t_shape,
+                              "log": entry})
     except KeyboardInterrupt:
-        # A user interrupt is not a crash of the candidate: let the resume re-measure it.
+        # A user interrupt (or SIGTERM, see cli.stop_on_sigterm) is not a crash of the
+        # candidate: clear the marker, so the resume measures it again.
         store.end()
         raise
     finally:
         stats.seconds = time.perf_counter() - t_start
         bar and bar.close()
     return stats
+
+
+def format_health(stats: SweepStats) -> str:
+    """Status counts of a sweep, overall and for every shape with a failed row."""
+    lines = ["rows by status: " + (", ".join(f"{s} {n}" for s, n in stats.statuses.most_common()) or "none")]
+    for entry in stats.shape_log:
+        st = entry["statuses"]
+        if any(s != C.STATUS_OK for s in st):
+            lines.append(f"  {entry['shape']}: " + ", ".join(f"{s} {n}" for s, n in sorted(st.items())))
+    if stats.skipped_shapes:
+        lines.append(f"shapes skipped (inputs did not fit in device memory): {', '.join(stats.skipped_shapes)}")
+    if stats.unhealthy:
+        lines.append(f"WARNING: {len(stats.unhealthy)} shape(s) with more than {HEALTH_THRESHOLD:.0%} of rows "
+                     f"failed for reasons other than the config: {', '.join(stats.unhealthy[:10])}")
+    return "\n".join(lines)
 
 
 def shard_shapes(shapes: Iterable, shard: tuple[int, int]) -> list:

@@ -7,10 +7,15 @@ on the device machines' disks, a tenth of a measurement, and guards only
 against the machine itself going down (which then loses at most a second of
 rows). On open, a torn last line is cut off, so a kill loses at most the row in
 flight and never duplicates one.
-Before a candidate runs, its key is written to an ``.inflight`` marker; if
-the process dies inside the candidate (e.g. an illegal memory access), the
-next run finds the marker and records the candidate as status ``crash``
-instead of running it again.
+Before a candidate runs, its key is written to an ``.inflight`` marker with the
+number of times a process already died inside it. A process that dies inside a
+candidate leaves the marker: the next run measures that candidate again, since
+the death may have come from outside (a timeout's SIGKILL, a lost lease); if the
+process dies inside it a second time, the next run records it as status ``crash``
+instead of running it a third time.
+
+Rows that failed for lack of device memory (``out_of_memory``) are stored but do
+not count as done: a resume measures them again and appends the new row.
 """
 from __future__ import annotations
 
@@ -20,6 +25,16 @@ import time
 from pathlib import Path
 
 FSYNC_INTERVAL_S = 1.0
+# Deaths inside one candidate after which it is recorded as a crash, not run again.
+MAX_DEATHS = 2
+
+
+def row_is_out_of_memory(row: dict) -> bool:
+    """A stored row that failed for lack of device memory. Sweeps before the
+    ``out_of_memory`` status stored these as compile_error with the allocator's
+    message, so the message counts too."""
+    return row.get("status") == "out_of_memory" or (
+        row.get("status") != "ok" and "out of memory" in str(row.get("error", "")).lower())
 
 
 def row_key(row: dict) -> tuple:
@@ -35,6 +50,7 @@ class ResultStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.inflight_path = self.path.with_suffix(self.path.suffix + ".inflight")
         self._done: set[tuple] = set()
+        self._retry: set[tuple] = set()  # keys stored only as out_of_memory rows
         self._repair_and_load()
         self._fh = open(self.path, "a", encoding="utf-8")
         self._last_sync = time.monotonic()
@@ -52,7 +68,11 @@ class ResultStore:
             line = data[pos:nl]
             try:
                 row = json.loads(line)
-                self._done.add(row_key(row))
+                key = row_key(row)
+                if row_is_out_of_memory(row):
+                    self._retry.add(key)
+                else:
+                    self._done.add(key)
             except (ValueError, KeyError, TypeError, IndexError):
                 break  # corrupt line: keep everything before it
             good_end = nl + 1
@@ -68,37 +88,56 @@ class ResultStore:
     def keys(self) -> set[tuple]:
         return set(self._done)
 
+    @property
+    def retry_keys(self) -> set[tuple]:
+        """Keys whose only rows are out_of_memory failures (measured again on resume)."""
+        return self._retry - self._done
+
     def append(self, row: dict) -> None:
-        """Write one row durably; a row whose key is already stored is ignored."""
+        """Write one row durably; a row whose key is already stored is ignored
+        (an out_of_memory row does not store its key: see the module doc)."""
         key = row_key(row)
         if key in self._done:
             return
         self._fh.write(json.dumps(row, separators=(",", ":"), allow_nan=True) + "\n")
         self._fh.flush()
-        self._done.add(key)
+        if row_is_out_of_memory(row):
+            self._retry.add(key)
+        else:
+            self._done.add(key)
         now = time.monotonic()
         if now - self._last_sync >= FSYNC_INTERVAL_S:
             os.fsync(self._fh.fileno())
             self._last_sync = now
 
-    def begin(self, key: tuple) -> None:
-        """Mark key as running (see module doc)."""
-        self.inflight_path.write_text(json.dumps(list(key)))
+    def begin(self, key: tuple, deaths: int = 0) -> None:
+        """Mark key as running; ``deaths``: how often a process already died inside it."""
+        self.inflight_path.write_text(json.dumps({"key": list(key), "deaths": int(deaths)}))
 
     def end(self) -> None:
         if self.inflight_path.exists():
             self.inflight_path.unlink()
 
-    def crashed_key(self) -> tuple | None:
-        """Key that was running when a previous process died, if any and not stored."""
+    def died_in(self) -> tuple[tuple, int] | None:
+        """(key, deaths) of the candidate a previous process died inside, counting that
+        death, if any and not stored since; None otherwise."""
         if not self.inflight_path.exists():
             return None
         try:
-            k = json.loads(self.inflight_path.read_text())
+            marker = json.loads(self.inflight_path.read_text())
+            if isinstance(marker, list):  # the marker of older sweeps: the key alone
+                marker = {"key": marker, "deaths": 0}
+            k = marker["key"]
             key = (k[0], int(k[1]), int(k[2]), int(k[3]), k[4])
-        except (ValueError, IndexError, TypeError):
+            deaths = int(marker.get("deaths", 0)) + 1
+        except (ValueError, IndexError, TypeError, KeyError, AttributeError):
             return None
-        return None if key in self._done else key
+        return None if key in self._done else (key, deaths)
+
+    def crashed_key(self) -> tuple | None:
+        """Key that a previous process died inside MAX_DEATHS times: record it as a crash."""
+        died = self.died_in()
+        return died[0] if died is not None and died[1] >= MAX_DEATHS else None
 
     def close(self) -> None:
         if not self._fh.closed:

@@ -14,6 +14,15 @@ p20/p50/p80 are taken over the replays; a measurement is *stable* when
 replays is measured once more and the tighter set is kept. Where the first
 set of replays shows them far shorter than ``target_replay_us`` (the launch
 estimate erred long), the graph is recaptured with more launches and measured again.
+
+Memory stays flat over a sweep: every graph is captured on ONE side stream into
+ONE memory pool that the timer keeps (``new_pool()`` between shapes). A graph
+captured into a pool of its own keeps that pool's memory reserved after the graph
+is gone (only ``empty_cache()`` returns it), allocations made on a fresh side
+stream cannot reuse blocks freed on another, and inside a capture the allocator
+cannot free cached blocks and retry: a 160-shape sweep reserved the whole card
+and recorded every later workspace allocation as a failure. With one pool, the
+next capture reuses what the last one freed.
 """
 from __future__ import annotations
 
@@ -76,6 +85,33 @@ class GraphTimer:
         # Host seconds per step and how often a measurement was recaptured or retried:
         # where the harness's time goes, without a profiler on the GPU machine.
         self.stats: Counter = Counter()
+        self._stream = None  # the one side stream of warm-ups and captures
+        self._pool = None  # the one graph memory pool (torch.cuda.MemPool)
+
+    def side_stream(self):
+        """The timer's side stream on the current device (created once)."""
+        import torch
+
+        dev = torch.cuda.current_device()
+        if self._stream is None or self._stream.device.index != dev:
+            self._stream = torch.cuda.Stream(device=dev)
+        return self._stream
+
+    def pool_id(self):
+        """Id of the timer's graph memory pool on the current device (created once per ``new_pool``)."""
+        import torch
+
+        if self._pool is None:
+            self._pool = torch.cuda.MemPool()
+        return self._pool.id
+
+    def new_pool(self) -> None:
+        """Drop the graph memory pool (and the side stream, in case a failed capture left
+        it unusable); with no graph alive, ``torch.cuda.empty_cache()`` then returns its
+        memory. The harness calls this between shapes and before retrying after an
+        out-of-memory error."""
+        self._pool = None
+        self._stream = None
 
     def measure(self, fn: Callable[[int], object], n_copies: int, key: str = "") -> Timing:
         st = self.stats
@@ -126,8 +162,7 @@ class GraphTimer:
         st["total_s"] += time.perf_counter() - t0
         return best
 
-    @staticmethod
-    def _estimate(fn, n_copies: int) -> float:
+    def _estimate(self, fn, n_copies: int) -> float:
         """Rough single-launch time in us (includes launch overhead, so it errs long),
         after the side-stream run that graph capture needs."""
         import torch
@@ -138,9 +173,9 @@ class GraphTimer:
         fn(1 % n_copies)
         end.record()
         end.synchronize()
-        # Capture-time allocations (split-K workspaces) come from the graph's
-        # private pool; one run on a side stream first, as torch's graph docs ask.
-        stream = torch.cuda.Stream()
+        # One run on the capture stream first, as torch's graph docs ask (lazy
+        # initialisation, e.g. cuBLAS's per-stream workspace, stays out of the capture).
+        stream = self.side_stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             fn(0)
@@ -169,7 +204,7 @@ class GraphTimer:
 
         graph = torch.cuda.CUDAGraph()
         if not self.light_capture:
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, pool=self.pool_id()):
                 for i in range(n_inner):
                     fn(i % n_copies)
             return graph
@@ -177,15 +212,22 @@ class GraphTimer:
         # empties the allocator cache on every entry; a sweep captures a graph per
         # candidate, so those cost more than the capture. The same capture, without them,
         # on a side stream ordered after the current one.
-        stream = torch.cuda.Stream()
+        stream = self.side_stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            graph.capture_begin()
+            graph.capture_begin(pool=self.pool_id())
             try:
                 for i in range(n_inner):
                     fn(i % n_copies)
-            finally:
-                graph.capture_end()
+            except BaseException:
+                # End the capture so the stream is usable again, but report the launch's
+                # error (an out-of-memory above all), not capture_end's consequence of it.
+                try:
+                    graph.capture_end()
+                except Exception:  # noqa: BLE001
+                    pass
+                raise
+            graph.capture_end()
         torch.cuda.current_stream().wait_stream(stream)
         return graph
 

@@ -67,6 +67,13 @@ def cmd_bench(args) -> int:
     prov = provenance.collect(torch.cuda.current_device())
     timer = timing.GraphTimer() if args.timer == "graph" else timing.DoBenchTimer()
     stop_on_sigterm()
+    # Per shape, as it finishes: status counts, seconds, reserved/allocated device memory.
+    log_path = path[: -len(".jsonl")] + ".shapes.log"
+
+    def log_shape(shape, info):
+        with open(log_path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(info["log"]) + "\n")
+
     try:
         with ResultStore(path) as store:
             if args.precompile:
@@ -77,13 +84,16 @@ def cmd_bench(args) -> int:
                 precompile.precompile(todo, workers=args.workers, log=lambda m: print(m, file=sys.stderr))
             stats = harness.run_sweep(mine, store, timer, mode=args.mode, seed=args.seed, arch=args.arch,
                                       provenance=prov, suite=args.name, progress=not args.quiet,
-                                      time_budget_s=args.time_budget or None)
+                                      time_budget_s=args.time_budget or None, on_shape=log_shape)
     except KeyboardInterrupt:
         print(f"costmodel: stopped; {path} keeps every finished row, rerun the same command to resume",
               file=sys.stderr)
         return 130
-    print(json.dumps({"file": path, "shapes": stats.shapes, "measured": stats.measured,
-                      "skipped": stats.skipped, "failed": stats.failed,
+    print(harness.format_health(stats), file=sys.stderr)
+    print(json.dumps({"file": path, "shape_log": log_path, "shapes": stats.shapes, "measured": stats.measured,
+                      "skipped": stats.skipped, "failed": stats.failed, "statuses": dict(stats.statuses),
+                      "skipped_shapes": stats.skipped_shapes, "unhealthy_shapes": stats.unhealthy,
+                      "memory": stats.memory_summary(),
                       "seconds": round(stats.seconds, 1), "measurements_per_s": round(stats.rate, 1),
                       "stopped_early": stats.stopped_early,
                       "phase_seconds": {k: round(v, 1) for k, v in stats.phase_seconds.items()}}))

@@ -271,14 +271,7 @@ def test_corrupt_line_drops_rest_and_resume_remeasures(baseline, tmp_path):
     assert {row_key(r) for r in rows} == {row_key(r) for r in baseline[1]}
 
 
-def test_inflight_marker_records_crash_without_running(baseline, tmp_path):
-    path = tmp_path / "run.jsonl"
-    victim = (SHAPES[1].dtype, SHAPES[1].m, SHAPES[1].n, SHAPES[1].k, candidates(SHAPES[1])[1].id)
-    store = ResultStore(path)
-    store.begin(victim)  # a previous process died inside this candidate
-    store.close()
-    assert ResultStore(path).crashed_key() == victim
-
+def _spy_launches(mp):
     launched = []
     orig = C.Operands.run
 
@@ -286,24 +279,126 @@ def test_inflight_marker_records_crash_without_running(baseline, tmp_path):
         launched.append((self.x.shape[0], self.w.shape[0], self.x.shape[1], cfg.id))
         return orig(self, cfg)
 
-    mp = pytest.MonkeyPatch()
     mp.setattr(C.Operands, "run", spy)
-    try:
-        stats, timer = sweep(path)
-    finally:
-        mp.undo()
+    return launched
+
+
+def test_one_death_inside_a_candidate_is_measured_again(baseline, tmp_path, monkeypatch):
+    """A process killed from outside (SIGKILL, a lease ending) leaves the in-flight marker:
+    the candidate is no crash of its own, the resume measures it again."""
+    path = tmp_path / "run.jsonl"
+    victim = (SHAPES[1].dtype, SHAPES[1].m, SHAPES[1].n, SHAPES[1].k, candidates(SHAPES[1])[1].id)
+    with ResultStore(path) as store:
+        store.begin(victim)  # a previous process died inside this candidate, once
+    with ResultStore(path) as store:
+        assert store.died_in() == (victim, 1) and store.crashed_key() is None
+    launched = _spy_launches(monkeypatch)
+    stats, timer = sweep(path)
+    assert (victim[1], victim[2], victim[3], victim[4]) in launched
+    assert timer.calls == TOTAL and stats.failed == 0
+    assert same_rows(rows_of(path), baseline[1])
+    assert not (tmp_path / "run.jsonl.inflight").exists()
+
+
+def test_second_death_inside_a_candidate_records_crash_without_running(baseline, tmp_path, monkeypatch):
+    path = tmp_path / "run.jsonl"
+    victim = (SHAPES[1].dtype, SHAPES[1].m, SHAPES[1].n, SHAPES[1].k, candidates(SHAPES[1])[1].id)
+    with ResultStore(path) as store:
+        store.begin(victim, deaths=1)  # measured again after one death, and died again
+    assert ResultStore(path).crashed_key() == victim
+    launched = _spy_launches(monkeypatch)
+    stats, timer = sweep(path)
 
     rows = rows_of(path)
     by_key = {row_key(r): r for r in rows}
     assert set(by_key) == expected_keys()
     crash = by_key[victim]
     assert crash["status"] == C.STATUS_CRASH
-    assert crash["error"] == "process died while running this candidate"
+    assert crash["error"] == "the process died while running this candidate (2 times)"
     assert math.isnan(crash["p50_us"]) and crash["gpu_name"] == PROVENANCE["gpu_name"]
     assert (victim[1], victim[2], victim[3], victim[4]) not in launched
     assert timer.calls == TOTAL - 1
     assert stats.failed == 1 and stats.measured == TOTAL - 1
     assert sum(r["status"] == C.STATUS_OK for r in rows) == TOTAL - 1
+    assert not (tmp_path / "run.jsonl.inflight").exists()
+
+
+def test_marker_of_older_sweeps_counts_as_one_death(baseline, tmp_path):
+    path = tmp_path / "run.jsonl"
+    victim = (SHAPES[1].dtype, SHAPES[1].m, SHAPES[1].n, SHAPES[1].k, candidates(SHAPES[1])[1].id)
+    (tmp_path / "run.jsonl.inflight").write_text(json.dumps(list(victim)))
+    with ResultStore(path) as store:
+        assert store.died_in() == (victim, 1)
+
+
+_KILL_SCRIPT = """
+import json, os, sys, time
+from gemm_costmodel.benchmarks import harness as H
+from gemm_costmodel.benchmarks.store import ResultStore
+from gemm_costmodel.benchmarks.timing import FakeTimer
+from gemm_costmodel.shapes import Shape
+
+path, ready, nth, prov = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
+shapes = [Shape(*s[:4], tuple(s[4])) for s in json.loads(sys.argv[5])]
+calls = []
+
+def latency(key):
+    calls.append(key)
+    if len(calls) == nth:  # in flight: tell the test, then wait to be killed
+        with open(ready, "w") as fh:
+            fh.write(key)
+        time.sleep(120)
+    return 5.0 + len(key) / 10.0
+
+with ResultStore(path) as store:
+    H.run_sweep(shapes, store, FakeTimer(latency), mode=%r, seed=%d, device="cpu",
+                provenance=prov, suite="test", progress=False)
+""" % (MODE, SEED)
+
+
+def _run_killable(path, ready, nth):
+    import subprocess
+    import sys
+
+    shapes = [[s.m, s.n, s.k, s.dtype, list(s.origins)] for s in SHAPES]
+    return subprocess.Popen([sys.executable, "-c", _KILL_SCRIPT, str(path), str(ready), str(nth),
+                             json.dumps(PROVENANCE), json.dumps(shapes)])
+
+
+def test_sigkilled_sweep_subprocess_resumes_without_loss_or_duplicates(tmp_path):
+    """A real sweep process SIGKILLed mid-shape, inside a candidate, then rerun: every key
+    once, the in-flight candidate measured again (not charged as a crash)."""
+    import os
+    import signal
+    import time as _time
+
+    path, ready = tmp_path / "run.jsonl", tmp_path / "ready"
+    nth = len(candidates(SHAPES[0])) + 2  # the 2nd candidate of the 2nd shape
+    proc = _run_killable(path, ready, nth)
+    deadline = _time.monotonic() + 300
+    while not ready.exists():
+        assert proc.poll() is None, "the sweep ended before it was killed"
+        assert _time.monotonic() < deadline, "the sweep never reached the candidate"
+        _time.sleep(0.05)
+    in_flight = ready.read_text()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    before = rows_of(path)
+    assert len(before) == nth - 1
+    marker = json.loads((tmp_path / "run.jsonl.inflight").read_text())
+    assert "|".join(map(str, marker["key"])) == in_flight and marker["deaths"] == 0
+
+    proc = _run_killable(path, tmp_path / "never", 10**9)  # the rerun is not killed
+    assert proc.wait(timeout=600) == 0
+    rows = rows_of(path)
+    keys = [row_key(r) for r in rows]
+    assert len(keys) == len(set(keys))  # none duplicated
+    assert set(keys) == expected_keys()  # none lost
+    assert rows[: nth - 1] == before  # the first run's rows untouched
+    redo = [r for r in rows if "|".join(map(str, row_key(r))) == in_flight]
+    assert len(redo) == 1 and redo[0]["status"] == C.STATUS_OK  # measured again, no crash
+    assert not any(r["status"] == C.STATUS_CRASH for r in rows)
     assert not (tmp_path / "run.jsonl.inflight").exists()
 
 
@@ -574,3 +669,127 @@ def test_graph_timer_keeps_the_first_capture_when_the_estimate_was_close():
     t = Close(target_replay_us=250.0)
     got = t.measure(lambda i: None, n_copies=2)
     assert t.captures == [42] and got.n_inner == 42 and got.stable
+
+
+# ----------------------------------------------------------------------------
+# Out of memory: its own status, retried once, never permanent
+# ----------------------------------------------------------------------------
+
+OOM_TEXT = "CUDA out of memory. Tried to allocate 256.00 MiB. GPU 0 has a total capacity of 79.19 GiB of which 4.00 MiB is free."
+
+
+def oom_on_calls(calls_to_fail):
+    """latency_fn raising torch's OutOfMemoryError on the given (1-based) calls."""
+    import torch
+
+    count = {"n": 0}
+
+    def fn(key):
+        count["n"] += 1
+        if count["n"] in calls_to_fail:
+            raise torch.OutOfMemoryError(OOM_TEXT)
+        return latency(key)
+
+    return fn
+
+
+def test_out_of_memory_is_classified_apart_from_compile_errors():
+    import torch
+
+    assert C.classify_exception(torch.OutOfMemoryError(OOM_TEXT)) == C.STATUS_OUT_OF_MEMORY
+    assert C.classify_exception(RuntimeError("CUDA error: out of memory")) == C.STATUS_OUT_OF_MEMORY
+    assert C.classify_exception(RuntimeError("out of resource: shared memory, Required: 262144")) \
+        == C.STATUS_OUT_OF_RESOURCES
+    assert C.classify_exception(ValueError("bad timer")) == C.STATUS_COMPILE_ERROR
+
+
+def test_out_of_memory_once_is_retried_and_measured(baseline, tmp_path):
+    path = tmp_path / "run.jsonl"
+    stats, timer = sweep(path, timer=FakeTimer(oom_on_calls({4})))
+    assert timer.calls == TOTAL + 1  # the 4th candidate was timed twice
+    assert stats.failed == 0 and stats.statuses == {"ok": TOTAL}
+    assert same_rows(rows_of(path), baseline[1])
+
+
+def test_out_of_memory_twice_is_a_row_that_resume_measures_again(baseline, tmp_path):
+    path = tmp_path / "run.jsonl"
+    stats, timer = sweep(path, timer=FakeTimer(oom_on_calls({4, 5})))
+    rows = rows_of(path)
+    assert len(rows) == TOTAL and stats.statuses == {"ok": TOTAL - 1, "out_of_memory": 1}
+    oom = rows[3]
+    assert oom["status"] == C.STATUS_OUT_OF_MEMORY and oom["error"].startswith("timing: CUDA out of memory")
+    with ResultStore(path) as store:
+        assert store.retry_keys == {row_key(oom)} and not store.done(row_key(oom))
+    # 4 rows per shape at most: 1 of them out of memory is above 1%: loud warning.
+    shape = f"{oom['dtype']}:{oom['m']}x{oom['n']}x{oom['k']}"
+    assert stats.unhealthy == [shape]
+    assert "WARNING" in H.format_health(stats) and f"{shape}: ok " in H.format_health(stats)
+
+    stats, timer = sweep(path)  # resume: only the out-of-memory candidate runs again
+    assert timer.calls == 1 and stats.measured == 1 and stats.skipped == TOTAL - 1
+    rows = rows_of(path)
+    assert len(rows) == TOTAL + 1 and rows[-1]["status"] == C.STATUS_OK and row_key(rows[-1]) == row_key(oom)
+    with ResultStore(path) as store:
+        assert store.retry_keys == set() and len(store.keys) == TOTAL
+
+
+def test_mislabelled_out_of_memory_rows_of_older_sweeps_are_measured_again(baseline, tmp_path):
+    path = copy_of(baseline, tmp_path)
+    rows = rows_of(path)
+    rows[2].update(status=C.STATUS_COMPILE_ERROR, error="timing: " + OOM_TEXT, p50_us=float("nan"))
+    rows[5].update(status=C.STATUS_COMPILE_ERROR, error="CompilationError: at 1:1", p50_us=float("nan"))
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    stats, timer = sweep(path)
+    assert timer.calls == 1 and stats.measured == 1  # row 2 again; the real compile error stays
+    assert row_key(rows_of(path)[-1]) == row_key(rows[2])
+
+
+def test_out_of_memory_building_inputs_skips_the_shape(baseline, tmp_path, monkeypatch):
+    import torch
+
+    orig = C.operand_sets
+
+    def fail_second(problem, *a, **kw):
+        if (problem.m, problem.n, problem.k) == (SHAPES[1].m, SHAPES[1].n, SHAPES[1].k):
+            raise torch.OutOfMemoryError(OOM_TEXT)
+        return orig(problem, *a, **kw)
+
+    monkeypatch.setattr(C, "operand_sets", fail_second)
+    path = tmp_path / "run.jsonl"
+    stats, timer = sweep(path)
+    skipped = f"{SHAPES[1].dtype}:{SHAPES[1].m}x{SHAPES[1].n}x{SHAPES[1].k}"
+    assert stats.skipped_shapes == [skipped] and stats.shapes == len(SHAPES) - 1
+    assert {row_key(r) for r in rows_of(path)} == expected_keys([s for s in SHAPES if s != SHAPES[1]])
+    assert "inputs did not fit" in H.format_health(stats)
+
+    monkeypatch.setattr(C, "operand_sets", orig)
+    stats, timer = sweep(path)  # the skipped shape is measured on resume
+    assert timer.calls == len(candidates(SHAPES[1]))
+    assert same_rows(sorted(rows_of(path), key=row_key), sorted(baseline[1], key=row_key))
+
+
+def test_other_errors_building_inputs_still_stop_the_sweep(tmp_path, monkeypatch):
+    def broken(*a, **kw):
+        raise RuntimeError("generator on the wrong device")
+
+    monkeypatch.setattr(C, "operand_sets", broken)
+    with pytest.raises(RuntimeError, match="wrong device"):
+        sweep(tmp_path / "run.jsonl")
+
+
+def test_health_warning_threshold():
+    from collections import Counter
+
+    assert H.health_warning("bf16:1x2x3", Counter(ok=99, wrong=1)) is None  # exactly 1%: fine
+    w = H.health_warning("bf16:1x2x3", Counter(ok=98, wrong=1, out_of_memory=1, compile_error=50))
+    assert w == ("WARNING: bf16:1x2x3: 2 of 150 rows failed (out_of_memory 1, wrong 1); "
+                 "its oracle is not exact until they are measured again")
+    # Compile errors and resource limits are properties of the config, not failures of the sweep.
+    assert H.health_warning("bf16:1x2x3", Counter(ok=10, compile_error=40, out_of_resources=50)) is None
+
+
+def test_shape_log_has_one_entry_per_shape_with_status_counts(tmp_path):
+    stats, _ = sweep(tmp_path / "run.jsonl")
+    assert [e["shape"] for e in stats.shape_log] == [f"{s.dtype}:{s.m}x{s.n}x{s.k}" for s in SHAPES]
+    assert [e["rows"] for e in stats.shape_log] == [len(candidates(s)) for s in SHAPES]
+    assert all(e["statuses"] == {"ok": e["rows"]} and e["memory"] is None for e in stats.shape_log)
