@@ -155,10 +155,10 @@ def shape_memory(device: str) -> dict | None:
 
 
 def free_device_memory(timer, device: str) -> None:
-    """Return what the sweep no longer uses to the driver: the timer's graph pool, the
-    allocator's cached blocks (those of dead Python objects too)."""
-    if hasattr(timer, "new_pool"):
-        timer.new_pool()
+    """Return what the sweep no longer uses to the driver: the private pools of the timer's
+    finished graphs and the allocator's cached blocks (those of dead Python objects too)."""
+    if hasattr(timer, "reset"):
+        timer.reset()
     if str(device).startswith("cuda"):
         import gc
 
@@ -213,7 +213,7 @@ def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all",
     With ``time_budget_s``, stops cleanly between shapes once the budget is
     spent (a later run resumes), instead of being killed mid-candidate.
 
-    Device memory: the timer's graph pool and the allocator's cache are freed after
+    Device memory: finished graphs' private pools and the allocator's cache are freed after
     every shape, and ``stats.shape_log`` records each shape's reserved and allocated
     memory. A candidate that runs out of memory is retried once after freeing; if it
     fails again its row has status ``out_of_memory``, which a resume measures again.

@@ -15,14 +15,15 @@ replays is measured once more and the tighter set is kept. Where the first
 set of replays shows them far shorter than ``target_replay_us`` (the launch
 estimate erred long), the graph is recaptured with more launches and measured again.
 
-Memory stays flat over a sweep: every graph is captured on ONE side stream into
-ONE memory pool that the timer keeps (``new_pool()`` between shapes). A graph
-captured into a pool of its own keeps that pool's memory reserved after the graph
-is gone (only ``empty_cache()`` returns it), allocations made on a fresh side
-stream cannot reuse blocks freed on another, and inside a capture the allocator
-cannot free cached blocks and retry: a 160-shape sweep reserved the whole card
-and recorded every later workspace allocation as a failure. With one pool, the
-next capture reuses what the last one freed.
+Memory stays flat over a sweep: every graph is captured on ONE side stream (blocks
+freed on one stream cannot serve another, and each new side stream got its own
+cuBLAS workspace), and the launchers allocate nothing inside a capture (split-K
+workspaces are kept per device, ``gemm.splitk_workspace``). Each graph still has
+a private memory pool, which stays reserved after the graph is gone until
+``torch.cuda.empty_cache()``; the harness frees it between shapes. (Sharing one
+``torch.cuda.MemPool`` among the captures fails on torch 2.11: "beginAllocateToPool:
+already recording to mempool_id".) Before this, a 160-shape sweep reserved the
+whole card, and inside a capture the allocator cannot free cached blocks and retry.
 """
 from __future__ import annotations
 
@@ -86,7 +87,6 @@ class GraphTimer:
         # where the harness's time goes, without a profiler on the GPU machine.
         self.stats: Counter = Counter()
         self._stream = None  # the one side stream of warm-ups and captures
-        self._pool = None  # the one graph memory pool (torch.cuda.MemPool)
 
     def side_stream(self):
         """The timer's side stream on the current device (created once)."""
@@ -97,20 +97,9 @@ class GraphTimer:
             self._stream = torch.cuda.Stream(device=dev)
         return self._stream
 
-    def pool_id(self):
-        """Id of the timer's graph memory pool on the current device (created once per ``new_pool``)."""
-        import torch
-
-        if self._pool is None:
-            self._pool = torch.cuda.MemPool()
-        return self._pool.id
-
-    def new_pool(self) -> None:
-        """Drop the graph memory pool (and the side stream, in case a failed capture left
-        it unusable); with no graph alive, ``torch.cuda.empty_cache()`` then returns its
-        memory. The harness calls this between shapes and before retrying after an
-        out-of-memory error."""
-        self._pool = None
+    def reset(self) -> None:
+        """Take a new side stream next time, in case a failed capture left this one
+        unusable. The harness calls this before retrying after an out-of-memory error."""
         self._stream = None
 
     def measure(self, fn: Callable[[int], object], n_copies: int, key: str = "") -> Timing:
@@ -204,7 +193,7 @@ class GraphTimer:
 
         graph = torch.cuda.CUDAGraph()
         if not self.light_capture:
-            with torch.cuda.graph(graph, pool=self.pool_id()):
+            with torch.cuda.graph(graph):
                 for i in range(n_inner):
                     fn(i % n_copies)
             return graph
@@ -215,7 +204,7 @@ class GraphTimer:
         stream = self.side_stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            graph.capture_begin(pool=self.pool_id())
+            graph.capture_begin()
             try:
                 for i in range(n_inner):
                     fn(i % n_copies)

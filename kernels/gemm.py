@@ -248,6 +248,29 @@ def zeroed_buffer(kind: str, device: torch.device, n: int, dtype: torch.dtype, m
     return buf
 
 
+_WORKSPACES: dict = {}
+
+
+def splitk_workspace(device: torch.device, split_k: int, m: int, n: int) -> torch.Tensor:
+    """The fp32 split-K partials (split_k, M, N), in a buffer kept per device and grown as
+    needed (at most SPLITK_WORKSPACE_LIMIT by feasibility); one stream at a time, like the
+    arrival counters.
+
+    A workspace allocated per launch is allocated inside every CUDA graph capture, into
+    that graph's private memory pool, which stays reserved after the graph is gone: a
+    sweep capturing a graph per candidate reserved the whole card this way. Allocated on
+    first use (the warm-up call, outside any capture), this one is reused by every capture.
+    """
+    key = str(device)
+    numel = split_k * m * n
+    buf = _WORKSPACES.get(key)
+    if buf is None or buf.numel() < numel:
+        _WORKSPACES.pop(key, None)  # let the old buffer go before the larger one is allocated
+        buf = torch.empty(numel, dtype=torch.float32, device=device)
+        _WORKSPACES[key] = buf
+    return buf[:numel].view(split_k, m, n)
+
+
 def _arrival_counters(device: torch.device, n: int) -> torch.Tensor:
     """Zeroed int32 per-tile counters (see zeroed_buffer)."""
     return zeroed_buffer("counters", device, n, torch.int32, 1 << 16)
@@ -325,7 +348,7 @@ def launch(cfg: GemmConfig, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor 
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         return out
     if isinstance(cfg, SplitKConfig):
-        ws = torch.empty((cfg.split_k, M, N), dtype=torch.float32, device=x.device)
+        ws = splitk_workspace(x.device, cfg.split_k, M, N)
         tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
         grid = (tiles, cfg.split_k)
         if SPLITK_SERIAL:

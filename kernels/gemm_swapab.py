@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemm import _arrival_counters, _mainloop, launch_args
+from .gemm import _arrival_counters, _mainloop, launch_args, splitk_workspace
 from .gemm_configs import SwapABConfig, SwapABTmaConfig
 
 
@@ -102,7 +102,7 @@ def launch(cfg: SwapABConfig, x: torch.Tensor, w: torch.Tensor, out=None, scale_
     grid = (triton.cdiv(N, cfg.block_n), triton.cdiv(M, cfg.block_m), cfg.split_k)
     tiles = grid[0] * grid[1]
     if cfg.split_k > 1:
-        ws = torch.empty((cfg.split_k, M, N), dtype=torch.float32, device=x.device)
+        ws = splitk_workspace(x.device, cfg.split_k, M, N)
         cnt = _arrival_counters(x.device, tiles)
     else:
         ws, cnt = out, out  # never read without a split
