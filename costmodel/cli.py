@@ -138,9 +138,13 @@ def cmd_summarize(args) -> int:
     for p in paths:
         if not os.path.isfile(p):
             return _fail(f"result file not found: {p}")
+    from gemm_costmodel.benchmarks.store import RowsError
+
     try:
         df = summary.load_rows(paths)
         text = summary.summarize(df, copy_gbps=args.copy_gbps)
+    except RowsError as exc:
+        return _fail(f"cannot summarize: {exc}")  # the message names the file (and line)
     except (ValueError, KeyError) as exc:
         return _fail(f"cannot summarize {', '.join(paths)}: {exc}")
     print(text)

@@ -8,7 +8,6 @@ same key by their median and returns a typed frame.
 from __future__ import annotations
 
 import glob
-import gzip
 import json
 import math
 import os
@@ -88,10 +87,14 @@ class DataError(ValueError):
 
 
 def _read_jsonl(path: str) -> pd.DataFrame:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        rows = [json.loads(line) for line in fh if line.strip()]
-    return pd.DataFrame(rows)
+    from gemm_costmodel.benchmarks.store import RowsError, read_rows
+
+    try:
+        # Strict: a shard going into the dataset must be whole; even a torn last line
+        # means it was copied while a sweep was still writing it.
+        return pd.DataFrame(read_rows([path], strict=True))
+    except RowsError as exc:
+        raise DataError(str(exc)) from None
 
 
 def normalize(df: pd.DataFrame) -> pd.DataFrame:

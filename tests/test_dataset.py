@@ -4,6 +4,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -279,3 +280,29 @@ def test_noise_floor_hand_computed():
     nf = DC.noise_floor(r)
     assert nf["pairs"] == 4 and nf["median"] == pytest.approx(0.015)
     assert nf["stable_pairs"] == 3 and nf["stable_median"] == pytest.approx(0.01)
+
+
+def test_build_rejects_a_corrupt_raw_shard_naming_file_and_line(tmp_path, capsys):
+    raw = tmp_path / "train-bf16-shard00of02.jsonl.gz"
+    with gzip.open(raw, "wt") as fh:
+        fh.write(json.dumps(good_row(m=1)) + "\n" + json.dumps(good_row(m=2)) + "\n{torn\n"
+                 + json.dumps(good_row(m=3)) + "\n")
+    with pytest.raises(D.DataError, match=re.escape(f"{raw}:3: corrupt line, not JSON") + ".*2 rows read before it"):
+        D.build_parquet([str(raw)], str(tmp_path / "ds"))
+    assert cli_main(["dataset", "build", "--raw", str(raw), "--root", str(tmp_path / "ds")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"costmodel: error: {raw}:3: corrupt line")
+    assert not (tmp_path / "ds").exists()
+    # A raw shard copied while its sweep was writing it: the torn last line is an error too.
+    plain = tmp_path / "train-bf16-shard01of02.jsonl"
+    plain.write_text(json.dumps(good_row()) + "\n" + json.dumps(good_row(m=2))[:30])
+    with pytest.raises(D.DataError, match=re.escape(f"{plain}:2: corrupt line")):
+        D.load_dataset([str(plain)])
+
+
+def test_loader_rejects_a_truncated_gz(tmp_path):
+    whole = write_jsonl(tmp_path / "whole.jsonl.gz", [good_row(m=m) for m in range(1, 3000)])
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(open(whole, "rb").read()[:4000])
+    with pytest.raises(D.DataError, match=re.escape(f"{cut}: gzip stream cut short after line ")):
+        D.load_dataset([str(cut)])
