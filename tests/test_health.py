@@ -3,6 +3,7 @@ warning exactly for the shapes where more than 1% of rows failed for a reason ot
 than a compile error or a resource limit of the config."""
 import pandas as pd
 
+from gemm_costmodel import dataset as D
 from gemm_costmodel.health import failure_kind, health, is_oom
 
 OOM_TEXT = "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
@@ -67,3 +68,7 @@ def test_oom_labels():
     assert list(failure_kind(df)) == ["out_of_memory", "compile_error", "out_of_memory", "ok"]
     # Raw harness rows written before the 'error' column existed: no mislabelled OOMs.
     assert list(is_oom(df.drop(columns=["error"]))) == [False, False, True, False]
+
+
+def test_dataset_exposes_health():
+    assert D.health is health
