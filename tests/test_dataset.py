@@ -391,3 +391,13 @@ def test_build_reports_sweep_health_and_demotes_oom_shapes(tmp_path, capsys):
     assert any("1 incomplete evaluation shape(s) stored as training shapes: bf16:33x96x64" in line for line in err)
     df = pd.read_parquet(tmp_path / "ds" / "bf16" / "eval-bf16-shard01of40.parquet")
     assert len(df) == 4 and not df["eval_shape"].any()
+
+
+def test_cli_validate_rejects_bad_data_in_one_line(tmp_path, capsys):
+    good = write_parquet(tmp_path / "good.parquet", [good_row(), _oom_row(7, "eval")])
+    assert cli_main(["dataset", "validate", good]) == 0
+    assert capsys.readouterr().out.startswith("ok: 2 rows, 1 shapes")
+    bad = write_parquet(tmp_path / "bad.parquet", [good_row(), good_row(m=8, p80_us=float("inf"))])
+    assert cli_main(["dataset", "validate", bad]) == 2
+    err = capsys.readouterr().err
+    assert err == f"costmodel: error: {bad}: column 'p80_us': infinite time inf in row 1\n"
