@@ -186,8 +186,11 @@ def cmd_dataset(args) -> int:
         if args.remeasure:
             import pandas as pd
 
+            from gemm_costmodel.benchmarks.store import read_rows
+
             files = sorted(p for pat in args.remeasure for p in glob.glob(pat))
-            rem = pd.concat([pd.read_json(f, lines=True) for f in files], ignore_index=True) if files else None
+            # Strict, like the dataset: a truncated file is an error naming it, not a traceback.
+            rem = pd.DataFrame(read_rows(files, strict=True)) if files else None
         print(datacard.card(df, rem))
         return 0
     except (OSError, ValueError) as exc:
