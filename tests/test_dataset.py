@@ -95,7 +95,8 @@ def test_dataset_files_under_50mb():
     # Config parameters: set on a Triton candidate, never negative, as the id says.
     (lambda r: r.update(block_m=0), "column 'block_m': 0 on Triton candidate 'tiled_m16n32k64_g8_w4s3' in row 1"),
     (lambda r: r.update(num_stages=0), "column 'num_stages': 0 on Triton candidate"),
-    (lambda r: r.update({**VENDOR_PARAMS, "candidate": "cublas", "block_n": -1}), "column 'block_n': negative value -1"),
+    (lambda r: r.update({**VENDOR_PARAMS, "candidate": "cublas", "block_n": -1}),
+     "column 'block_n': negative value -1"),
     (lambda r: r.update(sm_count=-132), "column 'sm_count': negative value -132 in row 1"),
     (lambda r: r.update(split_k=4),
      "column 'split_k': 4 in row 1 disagrees with candidate 'tiled_m16n32k64_g8_w4s3' (its split_k is 1)"),
