@@ -11,7 +11,9 @@ SHAPE_COLS = ["dtype", "m", "n", "k"]
 
 
 def load_rows(paths) -> pd.DataFrame:
-    """Rows of JSONL result files as a frame."""
+    """Rows of JSONL result files as a frame. A corrupt line or a truncated .gz raises
+    store.RowsError (a ValueError naming file:line); a summary of part of a file would
+    look whole. The torn last line of an uncompressed shard still being written is skipped."""
     from .store import read_rows
 
     rows = read_rows(paths)

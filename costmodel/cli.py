@@ -148,9 +148,13 @@ def cmd_summarize(args) -> int:
     for p in paths:
         if not os.path.isfile(p):
             return _fail(f"result file not found: {p}")
+    from gemm_costmodel.benchmarks.store import RowsError
+
     try:
         df = summary.load_rows(paths)
         text = summary.summarize(df, copy_gbps=args.copy_gbps)
+    except RowsError as exc:
+        return _fail(f"cannot summarize: {exc}")  # the message names the file (and line)
     except (ValueError, KeyError) as exc:
         return _fail(f"cannot summarize {', '.join(paths)}: {exc}")
     print(text)
@@ -192,8 +196,11 @@ def cmd_dataset(args) -> int:
         if args.remeasure:
             import pandas as pd
 
+            from gemm_costmodel.benchmarks.store import read_rows
+
             files = sorted(p for pat in args.remeasure for p in glob.glob(pat))
-            rem = pd.concat([pd.read_json(f, lines=True) for f in files], ignore_index=True) if files else None
+            # Strict, like the dataset: a truncated file is an error naming it, not a traceback.
+            rem = pd.DataFrame(read_rows(files, strict=True)) if files else None
         print(datacard.card(df, rem))
         return 0
     except (OSError, ValueError) as exc:
@@ -269,16 +276,23 @@ def cmd_train(args) -> int:
     cfg, df, err = _config_and_frame(args)
     if err:
         return err
-    model = pipeline.train(df, cfg)
+    try:
+        # Data that passed validation can still give nothing to learn (no stable row of a
+        # dtype, no shape with two candidates): the model code says so with a ValueError.
+        model = pipeline.train(df, cfg)
+        lat = None
+        if not args.no_export and cfg.formulation != "log_latency" and args.latency_model:
+            lat = pipeline.train(df, pipeline.LATENCY_COMPANION.with_(n_jobs=cfg.n_jobs, seed=cfg.seed))
+    except ValueError as exc:
+        return _fail(f"cannot train: {exc}")
     if args.booster:
         _save_booster(model, df, args.booster)
         print(f"booster: {args.booster}")
     if not args.no_export:
         pipeline.export_model(model, df, args.out, arch=args.arch, metrics=getattr(args, "metrics_out", None))
         companion = os.path.join(args.out, "gemm-" + args.arch + "-latency")
-        if cfg.formulation != "log_latency" and args.latency_model:
+        if lat is not None:
             # rank() reports predicted latencies: a small log-latency model annotates the top k.
-            lat = pipeline.train(df, pipeline.LATENCY_COMPANION.with_(n_jobs=cfg.n_jobs, seed=cfg.seed))
             pipeline.export_model(lat, df, args.out, arch=args.arch, role="latency")
         else:
             for ext in (".onnx", ".json"):
@@ -337,27 +351,29 @@ def cmd_evaluate(args) -> int:
     if not df["eval_shape"].astype(bool).any():
         return _fail("no evaluation shapes in the data: evaluation needs shapes measured with --mode all")
     comparison = None
-    if args.compare:
-        comparison = pipeline.compare(df, cfg)
-        if args.select:
-            best = pipeline.select_best(comparison)
-            print(f"evaluate: best on validation: {best}")
-            cfg = cfg.with_(**best)
     try:
+        # A fold with nothing to learn from (data that passed validation, but e.g. no
+        # stable row outside the held-out family) raises ValueError in the model code.
+        if args.compare:
+            comparison = pipeline.compare(df, cfg)
+            if args.select:
+                best = pipeline.select_best(comparison)
+                print(f"evaluate: best on validation: {best}")
+                cfg = cfg.with_(**best)
         res = pipeline.evaluate(df, cfg, schemes=args.schemes)
+        fam, rows = res.get("family", (None, None))
+        nk, nk_rows = res.get("nk", (None, None))
+        if rows is None:
+            rows = nk_rows
+        if cfg.formulation != "log_latency" and rows is not None:
+            # Rank/normalized scores are not latencies: the predicted-vs-measured plot shows the
+            # held-out predictions of the latency companion instead.
+            from gemm_costmodel.evaluate import cross_validate
+
+            lat_cfg = pipeline.LATENCY_COMPANION.with_(n_jobs=cfg.n_jobs, seed=cfg.seed)
+            rows = cross_validate(df, lat_cfg, scheme="family" if fam is not None else "nk", baselines=False)[1]
     except ValueError as exc:
         return _fail(f"cannot evaluate: {exc}")
-    fam, rows = res.get("family", (None, None))
-    nk, nk_rows = res.get("nk", (None, None))
-    if rows is None:
-        rows = nk_rows
-    if cfg.formulation != "log_latency" and rows is not None:
-        # Rank/normalized scores are not latencies: the predicted-vs-measured plot shows the
-        # held-out predictions of the latency companion instead.
-        from gemm_costmodel.evaluate import cross_validate
-
-        lat_cfg = pipeline.LATENCY_COMPANION.with_(n_jobs=cfg.n_jobs, seed=cfg.seed)
-        rows = cross_validate(df, lat_cfg, scheme="family" if fam is not None else "nk", baselines=False)[1]
     path = report.write_report(args.report, fam, nk, rows, comparison, header=_report_header(df, cfg))
     from gemm_costmodel.evaluate import metrics_table
 

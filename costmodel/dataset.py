@@ -7,8 +7,8 @@ same key by their median and returns a typed frame.
 """
 from __future__ import annotations
 
+import functools
 import glob
-import gzip
 import json
 import math
 import os
@@ -17,7 +17,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-STATUSES = ("ok", "wrong", "compile_error", "out_of_resources", "crash")
+from .health import STATUS_ORDER, health
+
+# out_of_memory: the device had no memory for the shape's operands or workspace (another
+# process held it); a failure of the sweep, not of the config. See demote_oom_eval_shapes.
+STATUSES = ("ok", "wrong", "compile_error", "out_of_resources", "out_of_memory", "crash")
 DTYPES = ("bf16", "fp16", "fp8", "fp32")
 SOURCES = ("harness", "csv", "vllm")
 
@@ -39,7 +43,7 @@ SCHEMA: dict[str, tuple[str, str]] = {
     "split_k": ("int", "K slices (1 = none, 0 = n/a)"),
     "num_warps": ("int", "warps per program (0 = n/a)"),
     "num_stages": ("int", "software pipeline depth (0 = n/a)"),
-    "status": ("str", "ok, wrong, compile_error, out_of_resources, crash"),
+    "status": ("str", "ok, wrong, compile_error, out_of_resources, out_of_memory, crash"),
     "p20_us": ("float", "20th percentile latency, microseconds"),
     "p50_us": ("float", "median latency, microseconds"),
     "p80_us": ("float", "80th percentile latency, microseconds"),
@@ -74,6 +78,12 @@ OPTIONAL_DEFAULTS = {"op": "gemm", "e": 1, "top_k": 1, "source": "harness", "fam
 KEY = ["arch", "gpu_name", "op", "dtype", "m", "n", "k", "e", "top_k", "candidate"]
 SHAPE_KEY = ["arch", "gpu_name", "op", "dtype", "m", "n", "k", "e", "top_k"]
 MAX_FILE_BYTES = 50 * 2**20
+# Config parameters (0 = n/a). A Triton candidate always has a tile, warps and stages;
+# group_m and split_k are per variant (see kernels/gemm_configs.config_params).
+PARAM_COLS = ("block_m", "block_n", "block_k", "group_m", "split_k", "num_warps", "num_stages")
+TRITON_REQUIRED = ("block_m", "block_n", "block_k", "num_warps", "num_stages")
+# Counts where 0 means unknown or n/a and a negative value means a broken writer.
+COUNT_COLS = PARAM_COLS + ("sm_count", "n_samples", "n_inner", "n_copies")
 
 
 def schema_hash() -> str:
@@ -88,10 +98,14 @@ class DataError(ValueError):
 
 
 def _read_jsonl(path: str) -> pd.DataFrame:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        rows = [json.loads(line) for line in fh if line.strip()]
-    return pd.DataFrame(rows)
+    from gemm_costmodel.benchmarks.store import RowsError, read_rows
+
+    try:
+        # Strict: a shard going into the dataset must be whole; even a torn last line
+        # means it was copied while a sweep was still writing it.
+        return pd.DataFrame(read_rows([path], strict=True))
+    except RowsError as exc:
+        raise DataError(str(exc)) from None
 
 
 def normalize(df: pd.DataFrame) -> pd.DataFrame:
@@ -135,24 +149,98 @@ def validate(df: pd.DataFrame, name: str) -> pd.DataFrame:
         bad = out[col] <= 0
         if bad.any():
             raise DataError(f"{name}: column {col!r}: non-positive value {int(out.loc[bad, col].iloc[0])} "
-                            f"in row {int(np.flatnonzero(bad.to_numpy())[0])}")
+                            f"in row {_first(bad)}")
+    bad = out["top_k"] > out["e"]
+    if bad.any():
+        i = _first(bad)
+        raise DataError(f"{name}: column 'top_k': {out['top_k'].iat[i]} experts per token > e = {out['e'].iat[i]} "
+                        f"in row {i}")
     for col, allowed in (("dtype", DTYPES), ("status", STATUSES), ("source", SOURCES)):
         bad = ~out[col].isin(allowed)
         if bad.any():
             raise DataError(f"{name}: column {col!r}: unknown value {out.loc[bad, col].iloc[0]!r} "
                             f"(allowed: {', '.join(allowed)})")
+    _check_times(out, name)
+    _check_params(out, name)
+    return out
+
+
+def _first(mask) -> int:
+    """Position of the first True of a boolean mask (the row number in messages)."""
+    return int(np.flatnonzero(np.asarray(mask))[0])
+
+
+def _check_times(out: pd.DataFrame, name: str) -> None:
     ok = out["status"] == "ok"
     # Winners-only tables (vLLM) carry no latency; everything else must.
     timed = ok & (out["source"] != "vllm")
     for col in ("p20_us", "p50_us", "p80_us"):
         t = out[col]
+        # NaN is how a failed row says 'not timed'; infinity is no time at all, and
+        # would reach XGBoost as a label (log2(inf)) and fail there.
+        bad = np.isinf(t)
+        if bad.any():
+            raise DataError(f"{name}: column {col!r}: infinite time {t.iat[_first(bad)]} in row {_first(bad)}")
         if (t < 0).any():
-            raise DataError(f"{name}: column {col!r}: negative time {t[t < 0].iloc[0]}")
+            raise DataError(f"{name}: column {col!r}: negative time {t[t < 0].iloc[0]} in row {_first(t < 0)}")
         if t[timed].isna().any():
-            raise DataError(f"{name}: column {col!r}: NaN time on a row with status 'ok'")
+            raise DataError(f"{name}: column {col!r}: NaN time on a row with status 'ok' "
+                            f"(row {_first(timed & t.isna())})")
         if (t[timed] == 0).any():
-            raise DataError(f"{name}: column {col!r}: zero time on a row with status 'ok'")
-    return out
+            raise DataError(f"{name}: column {col!r}: zero time on a row with status 'ok' "
+                            f"(row {_first(timed & (t == 0))})")
+    # Percentiles of one set of replays are ordered; comparisons with NaN are False.
+    for lo, hi in (("p20_us", "p50_us"), ("p50_us", "p80_us")):
+        bad = out[lo] > out[hi]
+        if bad.any():
+            i = _first(bad)
+            raise DataError(f"{name}: column {lo!r}: {lo} {out[lo].iat[i]} > {hi} {out[hi].iat[i]} in row {i}")
+
+
+@functools.lru_cache(maxsize=4096)
+def _id_params(cid: str) -> dict | None:
+    """{variant, *PARAM_COLS} of a config id of this project, None for any other id."""
+    from gemm_costmodel.kernels.gemm_configs import config_from_id, config_params
+
+    try:
+        cfg = config_from_id(cid)
+    except ValueError:
+        return None
+    return {"variant": cfg.variant, **config_params(cfg)}
+
+
+def _check_params(out: pd.DataFrame, name: str) -> None:
+    """Config parameters: never negative; set on Triton candidates of the harness; and, for a
+    config id of this project, equal to what the id says (features are computed from them)."""
+    for col in COUNT_COLS:
+        bad = out[col] < 0
+        if bad.any():
+            raise DataError(f"{name}: column {col!r}: negative value {out[col].iat[_first(bad)]} in row {_first(bad)}")
+    harness = out["source"] == "harness"
+    triton = harness & (out["variant"] != "vendor")
+    for col in TRITON_REQUIRED:
+        bad = triton & (out[col] < 1)
+        if bad.any():
+            i = _first(bad)
+            raise DataError(f"{name}: column {col!r}: {out[col].iat[i]} on Triton candidate "
+                            f"{out['candidate'].iat[i]!r} in row {i} (must be >= 1)")
+    # Imported rows may name foreign kernels (variant 'foreign', vLLM's own ids); a harness
+    # row of a dense GEMM was measured from this project's config space. Checked once per
+    # distinct (candidate, parameters): a file has a few hundred, against ~10^4 rows.
+    cols = ["candidate", "variant", *PARAM_COLS]
+    combos = out[cols].reset_index(drop=True)
+    combos = combos.assign(need_id=(harness & (out["op"] == "gemm")).to_numpy()).drop_duplicates(cols + ["need_id"])
+    for i, r in zip(combos.index, combos.itertuples(index=False)):
+        want = _id_params(r.candidate)
+        if want is None:
+            if r.need_id:
+                raise DataError(f"{name}: column 'candidate': unknown config id {r.candidate!r} in row {i} "
+                                "(a harness row of op gemm needs an id of kernels/gemm_configs.py)")
+            continue
+        for col in ("variant", *PARAM_COLS):
+            if getattr(r, col) != want[col]:
+                raise DataError(f"{name}: column {col!r}: {getattr(r, col)} in row {i} disagrees with candidate "
+                                f"{r.candidate!r} (its {col} is {want[col]})")
 
 
 def read_file(path: str) -> pd.DataFrame:
@@ -218,7 +306,36 @@ def load_dataset(paths=None, root: str = "datasets") -> pd.DataFrame:
     if not paths:
         raise DataError(f"{root}: no data files")
     frames = [read_file(str(p)) for p in paths]
-    return typed(merge_duplicates(pd.concat(frames, ignore_index=True)))
+    # Across files: a large sweep's shape can straddle two -partNN files.
+    df, _ = demote_oom_eval_shapes(pd.concat(frames, ignore_index=True))
+    return typed(merge_duplicates(df))
+
+
+def demote_oom_eval_shapes(df: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple]]:
+    """Clear ``eval_shape`` on every row of a sweep's shape that has an out-of-memory row.
+
+    Running out of device memory says nothing about the candidate (another process
+    held the memory), so the shape's oracle may be missing its true best: the shape
+    stays training data until a complete re-run. Per (SHAPE_KEY, suite): another
+    sweep's complete run of the shape still counts. Compile errors whose text reports
+    out of memory are counted too (the harness's label before ``out_of_memory``).
+    Returns the frame and the demoted (gpu_name, dtype, m, n, k) keys.
+    """
+    from gemm_costmodel.health import is_oom
+
+    oom = is_oom(df)
+    if not oom.any():
+        return df, []
+    keys = SHAPE_KEY + ["suite"]
+    hit = oom.groupby([df[c] for c in keys], sort=False, observed=True).transform("any").to_numpy()
+    sel = hit & df["eval_shape"].astype(bool).to_numpy()
+    if not sel.any():
+        return df, []
+    demoted = sorted(set(map(tuple, df.loc[sel, ["gpu_name", "dtype", "m", "n", "k"]].astype(
+        {"gpu_name": str, "dtype": str}).itertuples(index=False))))
+    df = df.copy()
+    df.loc[sel, "eval_shape"] = False
+    return df, demoted
 
 
 def demote_incomplete_eval_shapes(df: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple]]:
@@ -250,16 +367,36 @@ def demote_incomplete_eval_shapes(df: pd.DataFrame) -> tuple[pd.DataFrame, list[
     return df, demoted
 
 
+def _status_rank(status: str) -> tuple:
+    return (STATUS_ORDER.index(status) if status in STATUS_ORDER else len(STATUS_ORDER), status)
+
+
 def build_parquet(raw_paths, out_root: str = "datasets", log=None) -> list[str]:
     """Convert harness shards (JSONL[.gz]) to parquet under out_root/<dtype>/, split to stay < 50 MB.
 
-    Evaluation shapes that miss a feasible candidate are stored as training
-    shapes (see ``demote_incomplete_eval_shapes``); ``log`` hears about each file
-    that had some.
+    Evaluation shapes that miss a feasible candidate or have an out-of-memory row
+    are stored as training shapes (``demote_incomplete_eval_shapes``,
+    ``demote_oom_eval_shapes``); ``log`` hears about each file that had some, and
+    gets each file's sweep health (``health``: rows per status, overall and per shape
+    with failures, and a line starting with "WARNING" per unhealthy shape).
     """
+    raw_paths = list(raw_paths)
     written = []
+    statuses = pd.Series(dtype="int64")
     for raw in raw_paths:
-        df, demoted = demote_incomplete_eval_shapes(read_file(raw))
+        df = read_file(raw)
+        text, warnings = health(df)
+        statuses = statuses.add(df["status"].value_counts(), fill_value=0)
+        if log is not None:
+            log(f"{raw}: {text}")
+            for w in warnings:
+                log(w)
+        # The specific reason first: an OOM shape is incomplete too.
+        df, demoted = demote_oom_eval_shapes(df)
+        if demoted and log is not None:
+            log(f"{raw}: {len(demoted)} evaluation shape(s) with out-of-memory rows stored as training shapes: "
+                + ", ".join(f"{d}:{m}x{n}x{k}" for _, d, m, n, k in demoted[:5]))
+        df, demoted = demote_incomplete_eval_shapes(df)
         if demoted and log is not None:
             log(f"{raw}: {len(demoted)} incomplete evaluation shape(s) stored as training shapes: "
                 + ", ".join(f"{d}:{m}x{n}x{k}" for _, d, m, n, k in demoted[:5]))
@@ -276,4 +413,7 @@ def build_parquet(raw_paths, out_root: str = "datasets", log=None) -> list[str]:
                 if path.stat().st_size > MAX_FILE_BYTES:
                     raise DataError(f"{path}: {path.stat().st_size} bytes exceeds the 50 MB file limit")
                 written.append(str(path))
+    if log is not None and len(raw_paths) > 1:
+        log(f"all {len(raw_paths)} shards: rows by status: "
+            + ", ".join(f"{k} {int(statuses[k])}" for k in sorted(statuses.index, key=_status_rank)))
     return written

@@ -242,7 +242,11 @@ def cross_validate(df: pd.DataFrame, config: TrainConfig, scheme: str = "family"
     column; the model's held-out row-level scores: candidate, p50_us, score)."""
     folds = family_folds(df) if scheme == "family" else nk_folds(df)
     if not folds:
-        raise ValueError("no evaluation shapes to hold out")
+        if eval_rows(df).empty:
+            raise ValueError("no evaluation shapes to hold out (none has an ok row)")
+        group = "a model family" if scheme == "family" else "an (N, K)"
+        raise ValueError("no evaluation shapes to hold out with training data left: every shape shares "
+                         f"{group} with them")
     frames, rows = [], []
     for i, fold in enumerate(folds):
         if log:

@@ -132,6 +132,9 @@ class CostModel:
             rows = rows.assign(_sid=shape_ids(rows)).sort_values("_sid", kind="stable")
             sizes = rows.groupby("_sid").size()
             rows = rows[rows["_sid"].isin(sizes.index[sizes >= 2])]
+            if len(rows) == 0:
+                raise ValueError(f"no shape with two or more trainable candidates: a {self.config.formulation} "
+                                 "model learns the order of candidates within a shape")
         X = F.from_frame(rows, hardware.spec_for)
         y = targets(rows, self.config.formulation)
         dm = xgb.DMatrix(X, label=y)

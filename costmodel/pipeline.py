@@ -18,7 +18,7 @@ import pandas as pd
 from gemm_costmodel import dataset as D
 from gemm_costmodel import evaluate as E
 from gemm_costmodel import hardware
-from gemm_costmodel.model import CostModel, TrainConfig
+from gemm_costmodel.model import CostModel, TrainConfig, training_rows
 
 Log = Callable[[str], None]
 
@@ -53,7 +53,13 @@ def load_training_frame(paths=None, root: str = "datasets", dtypes=None, arch: s
 
 
 def train(df: pd.DataFrame, config: TrainConfig, log: Log = _print) -> CostModel:
-    """The final model on all rows."""
+    """The final model on all rows. Raises DataError for a dtype without a trainable row: the
+    manifest would list it, and the runtime would serve it from a model that never saw it."""
+    usable = set(training_rows(df, config.stable_only)["dtype"].astype(str))
+    missing = sorted(set(df["dtype"].astype(str)) - usable)
+    if missing:
+        raise D.DataError(f"no {'stable ' if config.stable_only else ''}timed ok row for dtype {missing[0]}: "
+                          "nothing to train it on (leave it out with --dtype)")
     t0 = time.perf_counter()
     log(f"train: {config.formulation}, {config.n_estimators} trees of depth {config.max_depth} on "
         f"{len(df)} rows ({df[['gpu_name', 'dtype', 'm', 'n', 'k']].drop_duplicates().shape[0]} shapes)")

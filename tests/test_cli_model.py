@@ -244,3 +244,60 @@ def test_select_unknown_gpu_falls_back_with_a_warning(capsys):
     assert cli_main(["select", "16", "4096", "4096", "--gpu", "NVIDIA Foo 9000"]) == 0
     out = capsys.readouterr()
     assert "source heuristic" in out.out and "unknown GPU" in out.err
+
+
+# -- data that passes validation but leaves nothing to learn: one line, never a traceback --------
+
+def test_train_rejects_infinite_latency_naming_file_and_column(tmp_path, capsys, fp8_frame):
+    bad = tmp_path / "inf.parquet"
+    df = fp8_frame.copy()
+    df.loc[df.index[5], ["p50_us", "p80_us"]] = np.inf   # was: an XGBoost traceback in training
+    df.to_parquet(bad, index=False)
+    rc = cli_main([*model_cmd("train", tmp_path), "--data", str(bad)])
+    assert rc == 2
+    assert_one_line_error(rc, capsys, str(bad), "column 'p50_us': infinite time inf in row 5")
+
+
+@pytest.mark.parametrize("cmd, reason", [("train", "cannot train: no stable timed ok row for dtype fp8"),
+                                         ("evaluate", "cannot evaluate: no trainable rows")])
+def test_no_stable_rows(cmd, reason, tmp_path, capsys, fp8_frame):
+    unstable = tmp_path / "unstable.parquet"
+    fp8_frame.assign(stable=False).to_parquet(unstable, index=False)
+    rc = cli_main([*model_cmd(cmd, tmp_path), "--data", str(unstable)])
+    assert rc == 2   # train: was a ValueError traceback from the model
+    assert_one_line_error(rc, capsys, reason)
+
+
+def test_evaluate_compare_with_no_stable_rows(tmp_path, capsys, fp8_frame):
+    unstable = tmp_path / "unstable.parquet"
+    fp8_frame.assign(stable=False).to_parquet(unstable, index=False)
+    rc = cli_main([*model_cmd("evaluate", tmp_path), "--data", str(unstable), "--compare"])
+    assert rc == 2   # was: a ValueError traceback from the comparison, before the guarded evaluation
+    assert_one_line_error(rc, capsys, "cannot evaluate: no trainable rows")
+
+
+def test_train_with_a_dtype_without_stable_rows(tmp_path, capsys, fp8_frame):
+    # bf16 rows are fine, every fp8 row is unstable: the model would list fp8 untrained.
+    mixed = tmp_path / "mixed.parquet"
+    pd.concat([fp8_frame.assign(stable=False), fp8_frame.assign(dtype="bf16")]).to_parquet(mixed, index=False)
+    rc = cli_main([*model_cmd("train", tmp_path), "--data", str(mixed)])
+    assert rc == 2
+    assert_one_line_error(rc, capsys, "cannot train: no stable timed ok row for dtype fp8", "--dtype")
+
+
+def test_train_on_a_single_row(tmp_path, capsys, fp8_frame):
+    one = tmp_path / "one.parquet"
+    fp8_frame.iloc[:1].to_parquet(one, index=False)
+    rc = cli_main([*model_cmd("train", tmp_path), "--data", str(one)])
+    assert rc == 2   # was: 'zero-size array to reduction operation' traceback
+    assert_one_line_error(rc, capsys, "cannot train: no shape with two or more trainable candidates")
+
+
+def test_evaluate_a_single_shape(tmp_path, capsys, fp8_frame):
+    first = fp8_frame.iloc[0]
+    one = tmp_path / "one_shape.parquet"
+    fp8_frame[(fp8_frame["m"] == first["m"]) & (fp8_frame["n"] == first["n"]) & (fp8_frame["k"] == first["k"])
+              ].to_parquet(one, index=False)
+    rc = cli_main([*model_cmd("evaluate", tmp_path), "--data", str(one)])
+    assert rc == 2
+    assert_one_line_error(rc, capsys, "cannot evaluate: no evaluation shapes to hold out with training data left")

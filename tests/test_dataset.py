@@ -4,6 +4,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -22,9 +23,13 @@ def good_row(**kw) -> dict:
            "stable": True, "eval_shape": False, "arch": "sm90", "gpu_name": "NVIDIA H200", "gpu_uuid": "GPU-x",
            "sm_count": 132, "driver": "580", "torch_version": "2.11", "triton_version": "3.6",
            "git_sha": "abc", "timestamp": "2026-11-21T00:00:00+00:00", "origins": "qwen2.5/Qwen2.5-0.5B/o_proj/tp1",
-           "family": "qwen2.5"}
+           "family": "qwen2.5", "e": 1, "top_k": 1}
     row.update(kw)
     return row
+
+
+VENDOR_PARAMS = dict(variant="vendor", block_m=0, block_n=0, block_k=0, group_m=0, split_k=0, num_warps=0,
+                     num_stages=0)
 
 
 def write_jsonl(path, rows):
@@ -74,6 +79,31 @@ def test_dataset_files_under_50mb():
     (lambda r: r.update(dtype="int4"), "column 'dtype': unknown value 'int4'"),
     (lambda r: r.update(n="ninety"), "column 'n'"),
     (lambda r: r.update(m=7.5), "column 'm': non-integer"),
+    # Infinite times, on ok and failed rows alike (NaN is how a failed row says 'not timed').
+    (lambda r: r.update(p50_us=float("inf"), p80_us=float("inf")), "column 'p50_us': infinite time inf in row 1"),
+    (lambda r: r.update(status="wrong", p20_us=-float("inf"), p50_us=np.nan, p80_us=np.nan),
+     "column 'p20_us': infinite time -inf in row 1"),
+    (lambda r: r.update(status="crash", p20_us=np.nan, p50_us=np.nan, p80_us=float("inf")),
+     "column 'p80_us': infinite time inf in row 1"),
+    # Percentiles out of order.
+    (lambda r: r.update(p20_us=10.5), "column 'p20_us': p20_us 10.5 > p50_us 10.0 in row 1"),
+    (lambda r: r.update(p80_us=9.5), "column 'p50_us': p50_us 10.0 > p80_us 9.5 in row 1"),
+    # Experts.
+    (lambda r: r.update(e=2, top_k=4), "column 'top_k': 4 experts per token > e = 2 in row 1"),
+    (lambda r: r.update(e=0), "column 'e': non-positive value 0 in row 1"),
+    (lambda r: r.update(top_k=0), "column 'top_k': non-positive value 0 in row 1"),
+    # Config parameters: set on a Triton candidate, never negative, as the id says.
+    (lambda r: r.update(block_m=0), "column 'block_m': 0 on Triton candidate 'tiled_m16n32k64_g8_w4s3' in row 1"),
+    (lambda r: r.update(num_stages=0), "column 'num_stages': 0 on Triton candidate"),
+    (lambda r: r.update({**VENDOR_PARAMS, "candidate": "cublas", "block_n": -1}),
+     "column 'block_n': negative value -1"),
+    (lambda r: r.update(sm_count=-132), "column 'sm_count': negative value -132 in row 1"),
+    (lambda r: r.update(split_k=4),
+     "column 'split_k': 4 in row 1 disagrees with candidate 'tiled_m16n32k64_g8_w4s3' (its split_k is 1)"),
+    (lambda r: r.update(variant="splitk"), "column 'variant': splitk in row 1 disagrees with candidate"),
+    (lambda r: r.update(candidate="cublas"), "column 'variant': tiled in row 1 disagrees with candidate 'cublas'"),
+    (lambda r: r.update(candidate="tiled_m16n32k64_g8_w4"),
+     "column 'candidate': unknown config id 'tiled_m16n32k64_g8_w4' in row 1"),
 ])
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl.gz"])
 def test_loader_rejects_bad_data_naming_file_and_column(tmp_path, mutate, match, fmt):
@@ -96,7 +126,7 @@ def test_loader_rejects_bad_data_naming_file_and_column(tmp_path, mutate, match,
 
 
 def test_failed_rows_may_have_nan_time(tmp_path):
-    path = write_parquet(tmp_path / "f.parquet", [good_row(), good_row(candidate="cublas", variant="vendor",
+    path = write_parquet(tmp_path / "f.parquet", [good_row(), good_row(candidate="cublas", **VENDOR_PARAMS,
                                                    status="compile_error", p20_us=np.nan, p50_us=np.nan,
                                                    p80_us=np.nan)])
     df = D.load_dataset([path])
@@ -118,7 +148,7 @@ def test_duplicates_merge_by_median(tmp_path):
     a = write_parquet(tmp_path / "a.parquet", [good_row(p20_us=1.0, p50_us=10.0, p80_us=11.0, stable=False),
                                                good_row(p20_us=2.0, p50_us=30.0, p80_us=31.0, stable=False)])
     b = write_parquet(tmp_path / "b.parquet", [good_row(p20_us=3.0, p50_us=14.0, p80_us=15.0, stable=False),
-                                               good_row(status="wrong", p50_us=1.0)])
+                                               good_row(status="wrong", p20_us=0.9, p50_us=1.0, p80_us=1.1)])
     df = D.load_dataset([a, b])
     assert len(df) == 1
     r = df.iloc[0]
@@ -179,7 +209,10 @@ def test_build_demotes_incomplete_eval_shapes(tmp_path):
     df = D.load_dataset(root=str(tmp_path / "ds"))
     per_shape = df.groupby("m")["eval_shape"].agg(["all", "any"])
     assert per_shape.loc[7, "all"] and not per_shape.loc[33, "any"]
-    assert len(msgs) == 1 and "1 incomplete evaluation shape" in msgs[0] and "fp16:33x96x64" in msgs[0]
+    demoted = [m for m in msgs if "incomplete evaluation shape" in m]
+    assert len(demoted) == 1 and "1 incomplete evaluation shape" in demoted[0] and "fp16:33x96x64" in demoted[0]
+    n_rows = len(_eval_rows(7, 96, 64)) + len(_eval_rows(33, 96, 64)) - 1
+    assert msgs[0] == f"{raw}: rows by status: ok {n_rows} ({n_rows} rows, 2 shapes)"  # the sweep's health
 
 
 def test_import_csv_keeps_foreign_arch(tmp_path):
@@ -279,3 +312,93 @@ def test_noise_floor_hand_computed():
     nf = DC.noise_floor(r)
     assert nf["pairs"] == 4 and nf["median"] == pytest.approx(0.015)
     assert nf["stable_pairs"] == 3 and nf["stable_median"] == pytest.approx(0.01)
+
+
+def test_build_rejects_a_corrupt_raw_shard_naming_file_and_line(tmp_path, capsys):
+    raw = tmp_path / "train-bf16-shard00of02.jsonl.gz"
+    with gzip.open(raw, "wt") as fh:
+        fh.write(json.dumps(good_row(m=1)) + "\n" + json.dumps(good_row(m=2)) + "\n{torn\n"
+                 + json.dumps(good_row(m=3)) + "\n")
+    with pytest.raises(D.DataError, match=re.escape(f"{raw}:3: corrupt line, not JSON") + ".*2 rows read before it"):
+        D.build_parquet([str(raw)], str(tmp_path / "ds"))
+    assert cli_main(["dataset", "build", "--raw", str(raw), "--root", str(tmp_path / "ds")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"costmodel: error: {raw}:3: corrupt line")
+    assert not (tmp_path / "ds").exists()
+    # A raw shard copied while its sweep was writing it: the torn last line is an error too.
+    plain = tmp_path / "train-bf16-shard01of02.jsonl"
+    plain.write_text(json.dumps(good_row()) + "\n" + json.dumps(good_row(m=2))[:30])
+    with pytest.raises(D.DataError, match=re.escape(f"{plain}:2: corrupt line")):
+        D.load_dataset([str(plain)])
+
+
+def test_loader_rejects_a_truncated_gz(tmp_path):
+    whole = write_jsonl(tmp_path / "whole.jsonl.gz", [good_row(m=m) for m in range(1, 3000)])
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(open(whole, "rb").read()[:4000])
+    with pytest.raises(D.DataError, match=re.escape(f"{cut}: gzip stream cut short after line ")):
+        D.load_dataset([str(cut)])
+
+
+OOM_ERROR = "OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB"
+
+
+def _oom_row(m, suite, status="out_of_memory"):
+    return good_row(m=m, candidate="cublas", **VENDOR_PARAMS, status=status, p20_us=np.nan, p50_us=np.nan,
+                    p80_us=np.nan, eval_shape=True, suite=suite, error=OOM_ERROR)
+
+
+@pytest.mark.parametrize("status", ["out_of_memory", "compile_error"])  # compile_error: the old label of an OOM
+def test_out_of_memory_rows_load_and_demote_their_shape(tmp_path, status):
+    # One evaluation run of two shapes: m=7 lost its cuBLAS row to an OOM, m=33 is whole.
+    run_a = write_parquet(tmp_path / "a.parquet", [
+        good_row(m=7, eval_shape=True, suite="eval-a"), _oom_row(7, "eval-a", status),
+        good_row(m=33, eval_shape=True, suite="eval-a"),
+        good_row(m=33, candidate="cublas", **VENDOR_PARAMS, eval_shape=True, suite="eval-a")])
+    df = D.load_dataset([run_a])
+    assert sorted(df["status"].astype(str)) == sorted(["ok", status, "ok", "ok"])
+    ev = df.groupby("m")["eval_shape"].agg(["all", "any"])
+    assert not ev.loc[7, "any"] and ev.loc[33, "all"]
+    # A complete run of m=7 by another sweep is an evaluation shape again, and its rows supersede.
+    run_b = write_parquet(tmp_path / "b.parquet", [
+        good_row(m=7, p20_us=8.0, p50_us=8.0, p80_us=8.0, eval_shape=True, suite="eval-b"),
+        good_row(m=7, candidate="cublas", **VENDOR_PARAMS, eval_shape=True, suite="eval-b")])
+    df = D.load_dataset([run_a, run_b])
+    m7 = df[df["m"] == 7].set_index("candidate")
+    assert m7["eval_shape"].all() and (m7["status"] == "ok").all()
+    assert m7.loc["tiled_m16n32k64_g8_w4s3", "p50_us"] == 8.0
+
+
+def test_build_reports_sweep_health_and_demotes_oom_shapes(tmp_path, capsys):
+    # Shape m=7: 1 OOM row of 2 (50%: a warning); shape m=33: 1 compile error of 2 (no warning).
+    raw = write_jsonl(tmp_path / "eval-bf16-shard01of40.jsonl.gz", [
+        good_row(m=7, eval_shape=True, suite="eval"), _oom_row(7, "eval"),
+        good_row(m=33, eval_shape=True, suite="eval"),
+        good_row(m=33, candidate="cublas", **VENDOR_PARAMS, eval_shape=True, suite="eval", status="compile_error",
+                 p20_us=np.nan, p50_us=np.nan, p80_us=np.nan, error="CompilationError: x")])
+    ok = write_jsonl(tmp_path / "train-bf16-shard00of16.jsonl.gz", [good_row(m=9, suite="train")])
+    assert cli_main(["dataset", "build", "--raw", raw, ok, "--root", str(tmp_path / "ds")]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert f"{raw}: rows by status: ok 2, compile_error 1, out_of_memory 1 (4 rows, 2 shapes)" in err
+    assert "  bf16:7x96x64 on NVIDIA H200: ok 1, out_of_memory 1 (of 2)" in err
+    assert "  bf16:33x96x64 on NVIDIA H200: ok 1, compile_error 1 (of 2)" in err
+    warnings = [line for line in err if line.startswith("WARNING")]
+    assert len(warnings) == 1 and warnings[0].startswith("WARNING: bf16:7x96x64 on NVIDIA H200: 1 of 2 rows (50.0%)")
+    assert any("1 evaluation shape(s) with out-of-memory rows stored as training shapes: bf16:7x96x64" in line
+               for line in err)
+    assert f"{ok}: rows by status: ok 1 (1 rows, 1 shapes)" in err
+    assert err[-1] == "all 2 shards: rows by status: ok 3, compile_error 1, out_of_memory 1"
+    # m=33 lacks most feasible candidates too, so it is stored as an incomplete shape.
+    assert any("1 incomplete evaluation shape(s) stored as training shapes: bf16:33x96x64" in line for line in err)
+    df = pd.read_parquet(tmp_path / "ds" / "bf16" / "eval-bf16-shard01of40.parquet")
+    assert len(df) == 4 and not df["eval_shape"].any()
+
+
+def test_cli_validate_rejects_bad_data_in_one_line(tmp_path, capsys):
+    good = write_parquet(tmp_path / "good.parquet", [good_row(), _oom_row(7, "eval")])
+    assert cli_main(["dataset", "validate", good]) == 0
+    assert capsys.readouterr().out.startswith("ok: 2 rows, 1 shapes")
+    bad = write_parquet(tmp_path / "bad.parquet", [good_row(), good_row(m=8, p80_us=float("inf"))])
+    assert cli_main(["dataset", "validate", bad]) == 2
+    err = capsys.readouterr().err
+    assert err == f"costmodel: error: {bad}: column 'p80_us': infinite time inf in row 1\n"

@@ -163,3 +163,69 @@ def test_cli_configs_all_dtypes(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert [ln.split(":")[0] for ln in lines] == ["sm90 bf16", "sm90 fp16", "sm90 fp8"]
     assert "576 candidates" in lines[2]
+
+
+# ----------------------------------------------------------------------------
+# Broken result files: a one-line reason naming the file (and line), never a
+# traceback or a summary of part of the file
+# ----------------------------------------------------------------------------
+
+def many_rows(count):
+    """count ok rows of distinct shapes (so the summary's shape count shows what was read)."""
+    return [row("bf16", m, 1024, 512, "cublas", "vendor", "ok", 10.0 + m) for m in range(1, count + 1)]
+
+
+def write_gz(path, lines):
+    import gzip
+
+    with gzip.open(path, "wt", encoding="utf-8") as fh:
+        fh.writelines(lines)
+    return path
+
+
+def test_cli_summarize_good_gz_file(tmp_path, capsys):
+    p = write_gz(tmp_path / "r.jsonl.gz", [json.dumps(r) + "\n" for r in many_rows(200)])
+    assert cli.main(["summarize", str(p)]) == 0
+    assert "Oracle (best Triton) vs cuBLAS, 200 shapes" in capsys.readouterr().out
+
+
+def test_cli_summarize_truncated_gz(tmp_path, capsys):
+    whole = write_gz(tmp_path / "whole.jsonl.gz", [json.dumps(r) + "\n" for r in many_rows(2000)])
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    assert cli.main(["summarize", str(cut)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith(f"costmodel: error: cannot summarize: {cut}: gzip stream cut short")
+
+
+def test_cli_summarize_corrupt_line_names_file_and_line(tmp_path, capsys):
+    lines = [json.dumps(r) + "\n" for r in many_rows(200)]
+    lines[100] = '{"dtype": "bf16", "m": 1\n'   # line 101 of 200
+    p = write_gz(tmp_path / "bad.jsonl.gz", lines)
+    assert cli.main(["summarize", str(p)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert f"{p}:101: corrupt line, not JSON" in err and "100 rows read before it" in err
+
+
+def test_read_rows_torn_last_line(tmp_path):
+    from gemm_costmodel.benchmarks.store import RowsError, read_rows
+
+    good = [json.dumps(r) + "\n" for r in many_rows(3)]
+    plain = tmp_path / "shard.jsonl"
+    plain.write_text("".join(good) + good[0][:20])   # a sweep still writing its 4th row
+    assert len(read_rows([plain])) == 3
+    with pytest.raises(RowsError, match=r"shard\.jsonl:4: corrupt line.*3 rows read"):
+        read_rows([plain], strict=True)
+    # A committed .gz is never being written: its torn last line is an error either way.
+    gz = write_gz(tmp_path / "shard.jsonl.gz", good + [good[0][:20]])
+    with pytest.raises(RowsError, match=r"shard\.jsonl\.gz:4: corrupt line"):
+        read_rows([gz])
+    # A complete corrupt line is an error even in a file being written.
+    plain.write_text(good[0] + "{oops}\n" + good[1])
+    with pytest.raises(RowsError, match=r"shard\.jsonl:2: corrupt line.*1 rows read"):
+        read_rows([plain])
+    plain.write_text(good[0] + "[1, 2]\n")
+    with pytest.raises(RowsError, match=r"shard\.jsonl:2: corrupt line, a JSON list"):
+        read_rows([plain])
