@@ -5,9 +5,10 @@ Precedence (documented in the README):
    unsure mode) wins;
 2. otherwise the shipped ONNX model ranks every feasible candidate in one
    ``session.run``;
-3. with no usable model (missing, corrupt, schema-hash or arch mismatch, unknown
-   GPU), the hand heuristic of ``gemm_costmodel.heuristic`` decides. The reason is
-   warned once; the serving path never raises for a model problem.
+3. with no usable model (missing, corrupt, schema-hash or arch mismatch, an .onnx
+   that does not match its manifest's size and sha256, unknown GPU), the hand
+   heuristic of ``gemm_costmodel.heuristic`` decides. The reason is warned once; the
+   serving path never raises for a model problem.
 
 Only numpy and onnxruntime are imported here (torch only to name the current GPU
 when none is given). Decisions are cached in a thread-safe LRU keyed by the
@@ -15,6 +16,7 @@ problem. Bad input raises ValueError naming the field.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -122,38 +124,99 @@ class _OnnxModel:
         return self.sign * np.asarray(out, dtype=np.float64).reshape(-1)
 
 
-def find_model(models_dir: str, op: str, dtype: str, arch: str,
-               role: str = "decision") -> tuple[str, dict] | tuple[None, str]:
-    """(onnx path, manifest) of the model of this role serving (op, dtype, arch), or (None, reason)."""
+def model_name(op: str, arch: str, role: str = "decision") -> str:
+    """File stem of a shipped model: <op>-<arch> for the decision model, <op>-<arch>-latency for its
+    latency companion (the manifest lists the dtypes both serve)."""
+    return f"{op}-{arch}" if role == "decision" else f"{op}-{arch}-{role}"
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _integrity_problem(onnx_path: str, man: dict) -> str | None:
+    """Why the ONNX file is not the one the manifest describes (onnx_bytes, onnx_sha256), or None.
+
+    Manifests written before these fields existed have neither: they are served unchecked."""
+    problems = []
+    size, digest = man.get("onnx_bytes"), man.get("onnx_sha256")
+    if size is not None:
+        if type(size) is not int:
+            return f"onnx_bytes must be an int, got {size!r}"
+        actual = os.path.getsize(onnx_path)
+        if actual != size:
+            problems.append(f"{actual} bytes, the manifest's onnx_bytes says {size}")
+    if digest is not None:
+        if not isinstance(digest, str):
+            return f"onnx_sha256 must be a hex string, got {digest!r}"
+        actual = _sha256(onnx_path)
+        if actual != digest.lower():
+            problems.append(f"sha256 {actual[:12]}.., the manifest's onnx_sha256 says {digest[:12]}..")
+    return "; ".join(problems) or None
+
+
+def find_models(models_dir: str, op: str, dtype: str, arch: str,
+                role: str = "decision") -> tuple[list[tuple[str, dict]], list[str]]:
+    """Every model of this role that serves (op, dtype, arch) and passes the manifest checks, best first,
+    and why the other manifests that would serve it were skipped.
+
+    Checks, per manifest: readable JSON object; op, dtype and role served; arch; feature schema hash;
+    the .onnx beside it exists and matches the manifest's onnx_bytes and onnx_sha256. A stale or broken
+    manifest is skipped, never allowed to hide a valid one. Order: the exported name
+    (``model_name(op, arch, role)`` + ".json") first, then the others by file name, so a copy such as
+    ``gemm-sm90-old.json`` lying beside ``gemm-sm90.json`` never wins over it."""
     if not os.path.isdir(models_dir):
-        return None, f"model folder {models_dir} does not exist"
-    reasons = []
-    for name in sorted(os.listdir(models_dir)):
-        if not name.endswith(".json"):
-            continue
+        return [], [f"model folder {models_dir} does not exist"]
+    canonical = model_name(op, arch, role) + ".json"
+    names = sorted((n for n in os.listdir(models_dir) if n.endswith(".json")), key=lambda n: (n != canonical, n))
+    found, reasons = [], []
+    for name in names:
         path = os.path.join(models_dir, name)
         try:
             with open(path, encoding="utf-8") as fh:
                 man = json.load(fh)
         except (OSError, ValueError) as exc:
-            reasons.append(f"{name}: unreadable manifest ({exc})")
+            reasons.append(f"{name}: unreadable manifest ({str(exc)[:120]})")
             continue
-        try:
-            serves = (man.get("op") == op and dtype in man.get("dtypes", [])
-                      and man.get("role", "decision") == role)
-        except (AttributeError, TypeError):  # a manifest of the wrong shape is skipped like a foreign one
+        dtypes = man.get("dtypes", []) if isinstance(man, dict) else None
+        if not isinstance(dtypes, list):  # a manifest of the wrong shape is skipped like a foreign one
             reasons.append(f"{name}: malformed manifest")
             continue
-        if not serves:
+        if not (man.get("op") == op and dtype in dtypes and man.get("role", "decision") == role):
             continue
         if man.get("arch") != arch:
             reasons.append(f"{name} is for arch {man.get('arch')}, this GPU is {arch}")
+            continue
+        if man.get("feature_schema_hash") != F.schema_hash():
+            reasons.append(f"{name}: feature schema hash {man.get('feature_schema_hash')} != "
+                           f"this code's {F.schema_hash()}")
             continue
         onnx_path = os.path.join(models_dir, name[:-5] + ".onnx")
         if not os.path.isfile(onnx_path):
             reasons.append(f"{name}: model file {os.path.basename(onnx_path)} is missing")
             continue
-        return onnx_path, man
+        try:
+            problem = _integrity_problem(onnx_path, man)
+        except OSError as exc:
+            problem = f"cannot read it ({exc.strerror or exc})"
+        if problem:
+            reasons.append(f"{name}: {os.path.basename(onnx_path)} does not match its manifest ({problem})")
+            continue
+        found.append((onnx_path, man))
+    return found, reasons
+
+
+def find_model(models_dir: str, op: str, dtype: str, arch: str,
+               role: str = "decision") -> tuple[str, dict] | tuple[None, str]:
+    """(onnx path, manifest) of the preferred model of this role serving (op, dtype, arch), or (None, reason).
+    See ``find_models`` for the checks and the order."""
+    found, reasons = find_models(models_dir, op, dtype, arch, role)
+    if found:
+        return found[0]
     return None, "; ".join(reasons) or f"no {op} model for {dtype} on {arch} in {models_dir}"
 
 
@@ -196,6 +259,20 @@ class Dispatcher:
             self._warned.add(reason)
             warnings.warn(f"gemm_costmodel: falling back to the heuristic: {reason}", DispatchWarning, stacklevel=4)
 
+    def _load_first(self, dtype: str, role: str) -> tuple[_OnnxModel | None, str]:
+        """The first model of find_models' order that loads, or (None, every reason)."""
+        found, reasons = find_models(self.models_dir, self.op, dtype, self.arch, role)
+        for path, man in found:
+            try:
+                model = _OnnxModel(path, man, self.threads)
+                n_in = model.session.get_inputs()[0].shape[-1]
+                if n_in in (None, len(F.FEATURE_NAMES)) or isinstance(n_in, str):
+                    return model, ""
+                reasons.append(f"{os.path.basename(path)}: expects {n_in} features")
+            except Exception as exc:  # noqa: BLE001 - any broken model file means: try the next, then fall back
+                reasons.append(f"{os.path.basename(path)}: cannot load ({type(exc).__name__}: {str(exc)[:120]})")
+        return None, "; ".join(reasons) or f"no {self.op} model for {dtype} on {self.arch} in {self.models_dir}"
+
     def model_for(self, dtype: str) -> _OnnxModel | None:
         """The loaded model serving dtype on this GPU, or None (reason in fallback_reasons)."""
         if dtype in self._models:
@@ -208,20 +285,7 @@ class Dispatcher:
                 reason = (f"unknown GPU {self.gpu_name!r} (describe it with gemm_costmodel.hardware.register "
                           "or COSTMODEL_GPU_SPECS)")
             else:
-                path, man = find_model(self.models_dir, self.op, dtype, self.arch)
-                if path is None:
-                    reason = man
-                elif man.get("feature_schema_hash") != F.schema_hash():
-                    reason = (f"{os.path.basename(path)}: feature schema hash {man.get('feature_schema_hash')} != "
-                              f"this code's {F.schema_hash()}")
-                else:
-                    try:
-                        model = _OnnxModel(path, man, self.threads)
-                        n_in = model.session.get_inputs()[0].shape[-1]
-                        if n_in not in (None, len(F.FEATURE_NAMES)) and not isinstance(n_in, str):
-                            model, reason = None, f"{os.path.basename(path)}: expects {n_in} features"
-                    except Exception as exc:  # noqa: BLE001 - any broken model file means: fall back
-                        reason = f"{os.path.basename(path)}: cannot load ({type(exc).__name__}: {str(exc)[:120]})"
+                model, reason = self._load_first(dtype, "decision")
             if model is None:
                 self.fallback_reasons[dtype] = reason
                 self._warn_once(reason)
@@ -234,13 +298,8 @@ class Dispatcher:
             return self._latency_models[dtype]
         with self._model_lock:
             model = None
-            if self.spec is not None:
-                path, man = find_model(self.models_dir, self.op, dtype, self.arch, role="latency")
-                if path is not None and man.get("feature_schema_hash") == F.schema_hash():
-                    try:
-                        model = _OnnxModel(path, man, self.threads)
-                    except Exception:  # noqa: BLE001 - latencies are optional annotations
-                        model = None
+            if self.spec is not None:  # latencies are optional annotations: no warning without them
+                model, _ = self._load_first(dtype, "latency")
             self._latency_models[dtype] = model
             return model
 

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from gemm_costmodel import heuristic
 from gemm_costmodel.candidates import table
 from gemm_costmodel.kernels.gemm_configs import Problem, check_feasible, config_from_id
-from gemm_costmodel.runtime import Choice, DispatchWarning, Dispatcher
+from gemm_costmodel.runtime import Choice, DispatchWarning, Dispatcher, find_model, find_models
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARDS = [os.path.join(ROOT, "datasets", "fp8", "eval-fp8-shard01of40.parquet"),
@@ -238,10 +238,17 @@ def model_copy(model_dir, tmp_path):
     return dst
 
 
-def _edit_manifest(folder, **changes):
-    path = folder / "gemm-sm90.json"
+def _edit_manifest(folder, name="gemm-sm90.json", **changes):
+    path = folder / name
     man = json.loads(path.read_text())
     man.update(changes)
+    path.write_text(json.dumps(man))
+
+
+def _drop_integrity_fields(folder, name="gemm-sm90.json"):
+    path = folder / name
+    man = json.loads(path.read_text())
+    del man["onnx_bytes"], man["onnx_sha256"]
     path.write_text(json.dumps(man))
 
 
@@ -253,6 +260,14 @@ def test_fallback_truncated_onnx(model_copy):
     onnx = model_copy / "gemm-sm90.onnx"
     data = onnx.read_bytes()
     onnx.write_bytes(data[: len(data) // 2])
+    _assert_one_warning(Dispatcher(gpu_name=GPU, models_dir=str(model_copy)), "does not match its manifest")
+
+
+def test_fallback_truncated_onnx_of_a_manifest_without_integrity_fields(model_copy):
+    # An older manifest (no onnx_bytes / onnx_sha256) is served unchecked: the broken file only shows on loading.
+    _drop_integrity_fields(model_copy)
+    onnx = model_copy / "gemm-sm90.onnx"
+    onnx.write_bytes(onnx.read_bytes()[:1000])
     _assert_one_warning(Dispatcher(gpu_name=GPU, models_dir=str(model_copy)), "cannot load")
 
 
@@ -289,6 +304,148 @@ def test_fallback_unreadable_manifest_is_skipped(model_copy):
     with warnings.catch_warnings():
         warnings.simplefilter("error", DispatchWarning)
         assert d.select(16, 4096, 4096, "fp16").source == "model"
+
+
+# -- model integrity ---------------------------------------------------------------------------
+
+SHIPPED = os.path.join(ROOT, "models")
+
+
+@pytest.fixture
+def shipped_copy(tmp_path):
+    """The shipped decision model and latency companion, copied (byte-identical) to a temporary folder."""
+    dst = tmp_path / "shipped"
+    dst.mkdir()
+    for stem in ("gemm-sm90", "gemm-sm90-latency"):
+        for ext in (".json", ".onnx"):
+            shutil.copy(os.path.join(SHIPPED, stem + ext), dst / (stem + ext))
+    return dst
+
+
+def test_shipped_manifests_record_their_onnx_files():
+    import hashlib
+
+    for stem in ("gemm-sm90", "gemm-sm90-latency"):
+        man = json.loads(open(os.path.join(SHIPPED, stem + ".json"), encoding="utf-8").read())
+        data = open(os.path.join(SHIPPED, stem + ".onnx"), "rb").read()
+        assert man["onnx_bytes"] == len(data)
+        assert man["onnx_sha256"] == hashlib.sha256(data).hexdigest()
+    path, man = find_model(SHIPPED, "gemm", "bf16", "sm90")
+    assert path == os.path.join(SHIPPED, "gemm-sm90.onnx") and man["role"] == "decision"
+    path, man = find_model(SHIPPED, "gemm", "bf16", "sm90", role="latency")
+    assert path == os.path.join(SHIPPED, "gemm-sm90-latency.onnx") and man["role"] == "latency"
+
+
+def test_latency_model_copied_over_the_decision_model_falls_back(shipped_copy):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DispatchWarning)
+        assert Dispatcher(gpu_name=GPU, models_dir=str(shipped_copy)).select(16, 4096, 4096, "fp16").source == "model"
+    shutil.copy(shipped_copy / "gemm-sm90-latency.onnx", shipped_copy / "gemm-sm90.onnx")
+    d = Dispatcher(gpu_name=GPU, models_dir=str(shipped_copy))
+    _assert_one_warning(d, "onnx_sha256", dtypes=("bf16", "fp16", "fp8"))
+    assert "gemm-sm90.onnx does not match its manifest" in d.fallback_reasons["bf16"]
+    # The companion itself is intact and still loads; only the decision model is refused.
+    assert d.latency_model_for("bf16") is not None
+
+
+def test_size_mismatch_falls_back(model_copy):
+    size = (model_copy / "gemm-sm90.onnx").stat().st_size
+    _edit_manifest(model_copy, onnx_bytes=size + 1)
+    _assert_one_warning(Dispatcher(gpu_name=GPU, models_dir=str(model_copy)),
+                        f"{size} bytes, the manifest's onnx_bytes says {size + 1}")
+
+
+def test_hash_mismatch_alone_falls_back(model_copy):
+    _edit_manifest(model_copy, onnx_sha256="0" * 64)
+    d = Dispatcher(gpu_name=GPU, models_dir=str(model_copy))
+    _assert_one_warning(d, "the manifest's onnx_sha256 says 000000000000")
+    assert "onnx_bytes" not in d.fallback_reasons["fp16"]  # the size is right: only the digest is named
+
+
+@pytest.mark.parametrize("field,value", [("onnx_bytes", "19850"), ("onnx_sha256", 12)])
+def test_integrity_field_of_the_wrong_type_falls_back(model_copy, field, value):
+    _edit_manifest(model_copy, **{field: value})
+    _assert_one_warning(Dispatcher(gpu_name=GPU, models_dir=str(model_copy)), f"{field} must be")
+
+
+def test_manifest_without_integrity_fields_still_loads(model_copy):
+    _drop_integrity_fields(model_copy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DispatchWarning)
+        d = Dispatcher(gpu_name=GPU, models_dir=str(model_copy))
+        assert d.select(16, 4096, 4096, "fp16").source == "model"
+    assert d.model_for("fp16").path == str(model_copy / "gemm-sm90.onnx")
+
+
+def _stale(folder, kind):
+    """Put a stale or broken gemm-sm90-old.json (sorts before gemm-sm90.json) beside the valid model."""
+    old = folder / "gemm-sm90-old.json"
+    shutil.copy(folder / "gemm-sm90.json", old)
+    if kind == "unreadable":
+        old.write_text("{not json")
+    elif kind == "not an object":
+        old.write_text("[1, 2]")
+    elif kind == "missing onnx":
+        pass  # no gemm-sm90-old.onnx
+    else:
+        shutil.copy(folder / "gemm-sm90.onnx", folder / "gemm-sm90-old.onnx")
+        changes = {"wrong arch": dict(arch="sm100"), "old schema": dict(feature_schema_hash="0123456789abcdef"),
+                   "bad hash": dict(onnx_sha256="f" * 64), "bad size": dict(onnx_bytes=1),
+                   "broken onnx": {}, "valid copy": {}}[kind]
+        _edit_manifest(folder, "gemm-sm90-old.json", **changes)
+    if kind == "broken onnx":
+        onnx = folder / "gemm-sm90-old.onnx"
+        onnx.write_bytes(onnx.read_bytes()[:1000])
+        _drop_integrity_fields(folder, "gemm-sm90-old.json")  # so that it fails only when loaded
+
+
+@pytest.mark.parametrize("kind", ["unreadable", "not an object", "missing onnx", "wrong arch", "old schema",
+                                  "bad hash", "bad size", "broken onnx", "valid copy"])
+def test_stale_manifest_beside_a_valid_one_does_not_disable_it(model_copy, kind):
+    _stale(model_copy, kind)
+    assert sorted(os.listdir(model_copy))[0] == "gemm-sm90-old.json"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DispatchWarning)
+        d = Dispatcher(gpu_name=GPU, models_dir=str(model_copy))
+        c = d.select(16, 4096, 4096, "fp16")
+    assert c.source == "model"
+    # The exported name wins over any other manifest, valid or not.
+    assert d.model_for("fp16").path == str(model_copy / "gemm-sm90.onnx")
+    assert find_model(str(model_copy), "gemm", "fp16", "sm90")[0] == str(model_copy / "gemm-sm90.onnx")
+
+
+def test_stale_manifest_alone_is_named_in_the_reason(model_copy):
+    _stale(model_copy, "bad hash")
+    for ext in (".json", ".onnx"):
+        (model_copy / f"gemm-sm90{ext}").unlink()
+    _assert_one_warning(Dispatcher(gpu_name=GPU, models_dir=str(model_copy)),
+                        "gemm-sm90-old.json: gemm-sm90-old.onnx does not match its manifest")
+
+
+def test_two_valid_models_without_the_exported_name_pick_the_first_file_name(model_copy):
+    for stem in ("gemm-sm90-b", "gemm-sm90-a"):
+        for ext in (".json", ".onnx"):
+            shutil.copy(model_copy / f"gemm-sm90{ext}", model_copy / f"{stem}{ext}")
+    for ext in (".json", ".onnx"):
+        (model_copy / f"gemm-sm90{ext}").unlink()
+    found, reasons = find_models(str(model_copy), "gemm", "fp16", "sm90")
+    assert [os.path.basename(p) for p, _ in found] == ["gemm-sm90-a.onnx", "gemm-sm90-b.onnx"] and not reasons
+    d = Dispatcher(gpu_name=GPU, models_dir=str(model_copy))
+    assert d.select(16, 4096, 4096, "fp16").source == "model"
+    assert d.model_for("fp16").path == str(model_copy / "gemm-sm90-a.onnx")
+
+
+def test_a_model_that_fails_to_load_gives_way_to_the_next(model_copy):
+    # Without the exported name, gemm-sm90-a (an unloadable file, no integrity fields) comes first.
+    _stale(model_copy, "broken onnx")
+    for ext in (".json", ".onnx"):
+        (model_copy / f"gemm-sm90-old{ext}").rename(model_copy / f"gemm-sm90-a{ext}")
+        (model_copy / f"gemm-sm90{ext}").rename(model_copy / f"gemm-sm90-b{ext}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DispatchWarning)
+        d = Dispatcher(gpu_name=GPU, models_dir=str(model_copy))
+        assert d.select(16, 4096, 4096, "fp16").source == "model"
+    assert d.model_for("fp16").path == str(model_copy / "gemm-sm90-b.onnx")
 
 
 def test_tuned_table_still_wins_without_a_model(tmp_path):
