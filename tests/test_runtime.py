@@ -20,10 +20,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gemm_costmodel import heuristic
+from gemm_costmodel import heuristic, runtime
 from gemm_costmodel.candidates import table
 from gemm_costmodel.kernels.gemm_configs import Problem, check_feasible, config_from_id
-from gemm_costmodel.runtime import Choice, DispatchWarning, Dispatcher, find_model, find_models
+from gemm_costmodel.runtime import Choice, DispatchWarning, Dispatcher, check_problem, find_model, find_models
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARDS = [os.path.join(ROOT, "datasets", "fp8", "eval-fp8-shard01of40.parquet"),
@@ -138,6 +138,7 @@ def test_heuristic_choice_is_the_heuristics(disp):
     (dict(m=None), "M"), (dict(m=[64]), "M"), (dict(k={}), "K"), (dict(dtype="int8"), "dtype"),
     (dict(dtype=["fp16"]), "dtype"), (dict(dtype="fp32"), "dtype"), (dict(e=0), "E"),
     (dict(top_k=0), "top_k"), (dict(top_k=3, e=2), "top_k"),
+    (dict(m=2**31), "M"), (dict(n=2**31), "N"), (dict(k=np.int64(2**40)), "K"),
 ], ids=lambda v: repr(v) if isinstance(v, dict) else v)
 def test_bad_input_raises_value_error_naming_the_field(disp, kwargs, field):
     args = dict(m=64, n=64, k=64, dtype="fp16")
@@ -149,6 +150,13 @@ def test_bad_input_raises_value_error_naming_the_field(disp, kwargs, field):
         disp.select(**args)
     with pytest.raises(ValueError, match=rf"^{field}\b"):
         disp.rank(**args)
+
+
+def test_dims_up_to_int32_max_are_accepted():
+    check_problem(2**31 - 1, 2**31 - 1, 2**31 - 1, "bf16")
+    for name, dims in (("M", (2**31, 1, 1)), ("N", (1, 2**31, 1)), ("K", (1, 1, 2**31))):
+        with pytest.raises(ValueError, match=rf"^{name} must be <= 2\*\*31 - 1 \(2147483647\), got 2147483648$"):
+            check_problem(*dims, "bf16")
 
 
 def test_rank_count_and_numpy_ints(disp):
@@ -281,10 +289,20 @@ def test_fallback_schema_hash_mismatch(model_copy):
     _assert_one_warning(Dispatcher(gpu_name=GPU, models_dir=str(model_copy)), "feature schema hash")
 
 
-def test_fallback_unknown_gpu(model_dir):
+def test_fallback_unknown_gpu_is_the_vendor_library(model_dir, monkeypatch):
+    # No GPU of that name here to ask for its compute capability: its arch, hence its space, is unknown.
+    monkeypatch.setattr(runtime, "current_gpu_capability", lambda name: None)
     d = Dispatcher(gpu_name="NVIDIA Foo 9000", models_dir=model_dir)
-    assert d.spec is None and d.arch is None
-    _assert_one_warning(d, "unknown GPU")
+    assert d.spec is None and d.arch is None and d.space_arch is None
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        for m, n, k in SHAPES:
+            for dtype in ("bf16", "fp16"):
+                assert d.select(m, n, k, dtype) == Choice("cublas", "vendor")
+                assert d.rank(m, n, k, dtype, count=4) == [Choice("cublas", "vendor")]
+    got = [str(w.message) for w in rec if issubclass(w.category, DispatchWarning)]
+    assert len(got) == 1 and "vendor library (cublas)" in got[0] and "unknown GPU 'NVIDIA Foo 9000'" in got[0], got
+    assert "unknown GPU" in d.fallback_reasons["bf16"]
 
 
 def test_fallback_model_for_another_arch(model_copy):
@@ -451,7 +469,7 @@ def test_a_model_that_fails_to_load_gives_way_to_the_next(model_copy):
 def test_tuned_table_still_wins_without_a_model(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DispatchWarning)
-        d = Dispatcher(gpu_name="NVIDIA Foo 9000", models_dir=str(tmp_path),
+        d = Dispatcher(gpu_name=GPU, models_dir=str(tmp_path),
                        tuned_table={"bf16:16x4096x4096": "cublas"})
         assert d.select(16, 4096, 4096, "bf16") == Choice("cublas", "table")
         assert d.select(16, 4096, 4095, "bf16").source == "heuristic"
