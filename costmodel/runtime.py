@@ -142,14 +142,14 @@ class _OnnxModel:
         sl = manifest.get("shortlist") or {}
         self.m_edges = np.asarray(sl.get("m_edges", []), dtype=np.int64)
         self.buckets = {int(b): frozenset(ids) for b, ids in (sl.get("buckets") or {}).items()}
-        self._masks: dict[tuple[str, int], np.ndarray] = {}
+        self._masks: dict[tuple[str, str, int], np.ndarray] = {}
 
     def shortlist_mask(self, ct, m: int) -> np.ndarray | None:
         """Candidate-table mask of the shortlist of M's bucket (None: score everything)."""
         if not self.buckets:
             return None
         b = int(np.searchsorted(self.m_edges, m, side="left"))
-        key = (ct.dtype, b)
+        key = (ct.arch, ct.dtype, b)  # a mask indexes one candidate table: one per (arch, dtype)
         mask = self._masks.get(key)
         if mask is None:
             ids = self.buckets.get(b, frozenset())
