@@ -432,6 +432,22 @@ def test_stale_manifest_beside_a_valid_one_does_not_disable_it(model_copy, kind)
     assert find_model(str(model_copy), "gemm", "fp16", "sm90")[0] == str(model_copy / "gemm-sm90.onnx")
 
 
+def test_broken_model_under_the_exported_name_gives_way_to_a_valid_copy(model_copy):
+    for ext in (".json", ".onnx"):
+        shutil.copy(model_copy / f"gemm-sm90{ext}", model_copy / f"gemm-sm90-new{ext}")
+    onnx = model_copy / "gemm-sm90.onnx"
+    onnx.write_bytes(onnx.read_bytes()[::-1])  # same size, other bytes: only the digest tells
+    found, reasons = find_models(str(model_copy), "gemm", "fp16", "sm90")
+    assert [os.path.basename(p) for p, _ in found] == ["gemm-sm90-new.onnx"]
+    assert len(reasons) == 1 and reasons[0].startswith("gemm-sm90.json: gemm-sm90.onnx does not match its manifest "
+                                                       "(sha256 ")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DispatchWarning)
+        d = Dispatcher(gpu_name=GPU, models_dir=str(model_copy))
+        assert d.select(16, 4096, 4096, "fp16").source == "model"
+    assert d.model_for("fp16").path == str(model_copy / "gemm-sm90-new.onnx")
+
+
 def test_stale_manifest_alone_is_named_in_the_reason(model_copy):
     _stale(model_copy, "bad hash")
     for ext in (".json", ".onnx"):
