@@ -13,10 +13,21 @@ from gemm_costmodel.features import PARAMS, VARIANT_CODES
 from gemm_costmodel.kernels import gemm_configs as G
 
 
+def arch_has_fp8(arch: str | None) -> bool | None:
+    """Whether an arch named 'sm<major><minor>' has fp8 tensor cores (Ada sm89, Hopper sm90 and on);
+    None when the name says nothing (None, or not an NVIDIA sm name). Triton's fp8 dot and the
+    vendor's torch._scaled_mm both need them."""
+    digits = arch[2:].rstrip("abf") if isinstance(arch, str) and arch.startswith("sm") else ""
+    return int(digits) >= 89 if digits.isdigit() else None
+
+
 class CandidateTable:
     """Configs of generate_configs(arch, dtype) in a stable order, plus their parameters as arrays."""
 
     def __init__(self, arch: str, dtype: str):
+        if dtype == "fp8" and arch_has_fp8(arch) is False:
+            # generate_configs lists the fp8 configs by shared memory alone; none of them runs here.
+            raise ValueError(f"dtype fp8 has no candidates on {arch}: no fp8 tensor cores")
         self.arch, self.dtype = arch, dtype
         self.configs = G.generate_configs(arch, dtype)
         self.ids = [c.id for c in self.configs]

@@ -409,8 +409,8 @@ def cmd_select(args) -> int:
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        d = Dispatcher(gpu_name=args.gpu, models_dir=args.models)
-        try:
+        try:  # a bad --gpu or COSTMODEL_GPU_SPECS fails at construction, a bad problem at rank
+            d = Dispatcher(gpu_name=args.gpu, models_dir=args.models)
             choices = d.rank(args.m, args.n, args.k, args.dtype, count=args.top)
         except ValueError as exc:
             return _fail(str(exc))

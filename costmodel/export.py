@@ -19,6 +19,7 @@ import numpy as np
 
 from gemm_costmodel import features as F
 from gemm_costmodel.model import SHORTLIST_EDGES
+from gemm_costmodel.runtime import model_name  # defined there: the runtime prefers the exported name
 
 TARGET_OPSET = 15
 INPUT_NAME = "features"
@@ -46,12 +47,6 @@ def to_onnx(booster, n_features: int = len(F.FEATURE_NAMES)):
     reg = as_regressor(booster)
     return convert_xgboost(reg, initial_types=[(INPUT_NAME, FloatTensorType([None, n_features]))],
                            target_opset=TARGET_OPSET)
-
-
-def model_name(op: str, arch: str, role: str = "decision") -> str:
-    """File stem of a shipped model: <op>-<arch> for the decision model, <op>-<arch>-latency for its
-    latency companion (the manifest lists the dtypes both serve)."""
-    return f"{op}-{arch}" if role == "decision" else f"{op}-{arch}-{role}"
 
 
 def _versions() -> dict:
@@ -83,9 +78,9 @@ def export(model, out_dir: str, op: str, dtypes: list[str], arch: str, space_has
         raise ValueError("a latency companion must be a log_latency model")
     os.makedirs(out_dir, exist_ok=True)
     stem = os.path.join(out_dir, model_name(op, arch, role))
-    proto = to_onnx(model.booster_)
+    data = to_onnx(model.booster_).SerializeToString()
     with open(stem + ".onnx", "wb") as fh:
-        fh.write(proto.SerializeToString())
+        fh.write(data)
     manifest = {
         "op": op, "dtypes": sorted(dtypes), "arch": arch, "role": role,
         "formulation": model.config.formulation,
@@ -106,7 +101,10 @@ def export(model, out_dir: str, op: str, dtypes: list[str], arch: str, space_has
         "metrics": metrics or {},
         "versions": _versions(),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "onnx_bytes": os.path.getsize(stem + ".onnx"),
+        # The runtime serves the .onnx only if it still has this size and digest: a file copied over
+        # it (say the latency companion over the decision model) would otherwise score nonsense.
+        "onnx_bytes": len(data),
+        "onnx_sha256": hashlib.sha256(data).hexdigest(),
     }
     with open(stem + ".json", "w", encoding="utf-8") as fh:
         json.dump(manifest, fh, indent=1, sort_keys=True)

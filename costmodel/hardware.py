@@ -8,8 +8,9 @@ changes. Peak numbers are the vendor's dense (no sparsity) figures.
 from __future__ import annotations
 
 import json
+import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 
 @dataclass(frozen=True)
@@ -50,12 +51,53 @@ _GPUS: list[GpuSpec] = [
 ]
 
 
+_STR_FIELDS = ("name", "match", "arch")
+
+
+def _spec_from_json(i: int, entry, where: str) -> GpuSpec:
+    """Entry i of COSTMODEL_GPU_SPECS as a GpuSpec, or a one-line ValueError naming the field."""
+    names = [f.name for f in fields(GpuSpec)]
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where}: entry {i} must be an object with the fields {', '.join(names)}, "
+                         f"got {type(entry).__name__}")
+    missing = [n for n in names if n not in entry]
+    unknown = sorted(str(n) for n in entry if n not in names)
+    if missing or unknown:
+        parts = ([f"missing field(s) {', '.join(missing)}"] if missing else []) + \
+                ([f"unknown field(s) {', '.join(unknown)}"] if unknown else [])
+        raise ValueError(f"{where}: entry {i}: {'; '.join(parts)} (fields: {', '.join(names)})")
+    for n in names:
+        v = entry[n]
+        if n in _STR_FIELDS:
+            # An empty `match` would be a substring of every device name.
+            if not isinstance(v, str) or not v.strip():
+                raise ValueError(f"{where}: entry {i}: {n} must be a non-empty string, got {v!r}")
+        elif n == "sm_count":
+            if type(v) is not int or v < 1:
+                raise ValueError(f"{where}: entry {i}: sm_count must be an int >= 1, got {v!r}")
+        elif type(v) not in (int, float) or not math.isfinite(v) or v < 0 or (v == 0 and n != "tflops_fp8"):
+            low = ">= 0 (0: no fp8 tensor cores)" if n == "tflops_fp8" else "> 0"
+            raise ValueError(f"{where}: entry {i}: {n} must be a number {low}, got {v!r}")
+    return GpuSpec(**entry)
+
+
 def _extra_specs() -> list[GpuSpec]:
+    """The GPUs described by the JSON file COSTMODEL_GPU_SPECS names (a list of GpuSpec fields), if set.
+    Any problem with it is a one-line ValueError naming the variable and the file."""
     path = os.environ.get("COSTMODEL_GPU_SPECS")
     if not path:
         return []
-    with open(path, encoding="utf-8") as fh:
-        return [GpuSpec(**d) for d in json.load(fh)]
+    where = f"COSTMODEL_GPU_SPECS={path}"
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except OSError as exc:
+        raise ValueError(f"{where}: cannot read the file ({exc.strerror or exc})") from None
+    except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
+        raise ValueError(f"{where}: not valid JSON ({exc})") from None
+    if not isinstance(data, list):
+        raise ValueError(f"{where}: expected a JSON list of GPU descriptions, got {type(data).__name__}")
+    return [_spec_from_json(i, entry, where) for i, entry in enumerate(data)]
 
 
 def register(spec: GpuSpec) -> None:
@@ -70,6 +112,8 @@ def known_gpus() -> list[GpuSpec]:
 
 def lookup(gpu_name: str) -> GpuSpec | None:
     """The spec whose `match` occurs in gpu_name (case-insensitive), or None."""
+    if not isinstance(gpu_name, str):
+        raise ValueError(f"gpu_name must be a str (a CUDA device name), got {type(gpu_name).__name__} {gpu_name!r}")
     up = gpu_name.upper()
     for spec in known_gpus():
         if spec.match.upper() in up:

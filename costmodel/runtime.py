@@ -5,16 +5,24 @@ Precedence (documented in the README):
    unsure mode) wins;
 2. otherwise the shipped ONNX model ranks every feasible candidate in one
    ``session.run``;
-3. with no usable model (missing, corrupt, schema-hash or arch mismatch, unknown
-   GPU), the hand heuristic of ``gemm_costmodel.heuristic`` decides. The reason is
-   warned once; the serving path never raises for a model problem.
+3. with no usable model (missing, corrupt, schema-hash or arch mismatch, an .onnx
+   that does not match its manifest's size and sha256, unknown GPU), the hand
+   heuristic of ``gemm_costmodel.heuristic`` decides. The reason is warned once; the
+   serving path never raises for a model problem.
+
+Candidates come only from the space of the GPU's arch (``Dispatcher.space_arch``);
+a GPU whose arch has no space (sm89, sm100, or unknown) gets the vendor library
+(source 'vendor') with one warning, and fp8 on a GPU without fp8 tensor cores
+raises ValueError.
 
 Only numpy and onnxruntime are imported here (torch only to name the current GPU
-when none is given). Decisions are cached in a thread-safe LRU keyed by the
-problem. Bad input raises ValueError naming the field.
+when none is given, and to ask the compute capability of a GPU missing from the
+hardware table). Decisions are cached in a thread-safe LRU keyed by the problem.
+Bad input raises ValueError naming the field.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -26,9 +34,16 @@ import numpy as np
 
 from gemm_costmodel import features as F
 from gemm_costmodel import hardware, heuristic
+from gemm_costmodel.candidates import arch_has_fp8
 from gemm_costmodel.candidates import table as candidate_table
+from gemm_costmodel.kernels import gemm_configs as G
 
 DTYPES = ("bf16", "fp16", "fp8")
+# The kernels were written and tested for 32-bit sizes (no int64 casts in their index math): larger
+# problems are refused here rather than risking wrapped offsets.
+MAX_DIM = 2**31 - 1
+# The vendor candidate's id (gemm_configs.VendorConfig): torch.mm, or torch._scaled_mm for fp8.
+VENDOR = G.VendorConfig().id
 DEFAULT_MODELS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models")
 
 
@@ -54,7 +69,7 @@ class Choice:
     """A dispatch decision: the config id, who decided, and the model's latency estimate (if any)."""
 
     candidate: str
-    source: str  # 'table', 'model' or 'heuristic'
+    source: str  # 'table', 'model', 'heuristic', or 'vendor' (no candidate space for the GPU's arch)
     predicted_us: float | None = None
     score: float | None = None
 
@@ -66,6 +81,8 @@ def check_problem(m, n, k, dtype, e=1, top_k=1) -> None:
             raise ValueError(f"{name} must be an int, got {type(v).__name__} {v!r}")
         if v < 1:
             raise ValueError(f"{name} must be >= 1, got {v}")
+        if v > MAX_DIM and name in ("M", "N", "K"):
+            raise ValueError(f"{name} must be <= 2**31 - 1 ({MAX_DIM}), got {v}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if top_k > e:
@@ -82,6 +99,29 @@ def current_gpu_name() -> str | None:
     except Exception:  # noqa: BLE001 - no torch or no driver: no GPU
         pass
     return None
+
+
+def current_gpu_capability(gpu_name: str) -> tuple[int, int] | None:
+    """(major, minor) compute capability of the current CUDA device if it is named gpu_name, else None
+    (no GPU, no torch, or a name that is another device's). torch is imported lazily: only the
+    dispatcher of a GPU missing from the hardware table asks."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            dev = torch.cuda.current_device()
+            if torch.cuda.get_device_name(dev) == gpu_name:
+                major, minor = torch.cuda.get_device_capability(dev)
+                return int(major), int(minor)
+    except Exception:  # noqa: BLE001 - no torch or no driver: nothing to ask
+        pass
+    return None
+
+
+def arch_of_capability(capability: tuple[int, int]) -> str:
+    """'sm<major><minor>', the arch naming of the hardware table and the config spaces: (9, 0) -> 'sm90'."""
+    major, minor = capability
+    return f"sm{major}{minor}"
 
 
 class _OnnxModel:
@@ -102,14 +142,14 @@ class _OnnxModel:
         sl = manifest.get("shortlist") or {}
         self.m_edges = np.asarray(sl.get("m_edges", []), dtype=np.int64)
         self.buckets = {int(b): frozenset(ids) for b, ids in (sl.get("buckets") or {}).items()}
-        self._masks: dict[tuple[str, int], np.ndarray] = {}
+        self._masks: dict[tuple[str, str, int], np.ndarray] = {}
 
     def shortlist_mask(self, ct, m: int) -> np.ndarray | None:
         """Candidate-table mask of the shortlist of M's bucket (None: score everything)."""
         if not self.buckets:
             return None
         b = int(np.searchsorted(self.m_edges, m, side="left"))
-        key = (ct.dtype, b)
+        key = (ct.arch, ct.dtype, b)  # a mask indexes one candidate table: one per (arch, dtype)
         mask = self._masks.get(key)
         if mask is None:
             ids = self.buckets.get(b, frozenset())
@@ -122,38 +162,99 @@ class _OnnxModel:
         return self.sign * np.asarray(out, dtype=np.float64).reshape(-1)
 
 
-def find_model(models_dir: str, op: str, dtype: str, arch: str,
-               role: str = "decision") -> tuple[str, dict] | tuple[None, str]:
-    """(onnx path, manifest) of the model of this role serving (op, dtype, arch), or (None, reason)."""
+def model_name(op: str, arch: str, role: str = "decision") -> str:
+    """File stem of a shipped model: <op>-<arch> for the decision model, <op>-<arch>-latency for its
+    latency companion (the manifest lists the dtypes both serve)."""
+    return f"{op}-{arch}" if role == "decision" else f"{op}-{arch}-{role}"
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _integrity_problem(onnx_path: str, man: dict) -> str | None:
+    """Why the ONNX file is not the one the manifest describes (onnx_bytes, onnx_sha256), or None.
+
+    Manifests written before these fields existed have neither: they are served unchecked."""
+    problems = []
+    size, digest = man.get("onnx_bytes"), man.get("onnx_sha256")
+    if size is not None:
+        if type(size) is not int:
+            return f"onnx_bytes must be an int, got {size!r}"
+        actual = os.path.getsize(onnx_path)
+        if actual != size:
+            problems.append(f"{actual} bytes, the manifest's onnx_bytes says {size}")
+    if digest is not None:
+        if not isinstance(digest, str):
+            return f"onnx_sha256 must be a hex string, got {digest!r}"
+        actual = _sha256(onnx_path)
+        if actual != digest.lower():
+            problems.append(f"sha256 {actual[:12]}.., the manifest's onnx_sha256 says {digest[:12]}..")
+    return "; ".join(problems) or None
+
+
+def find_models(models_dir: str, op: str, dtype: str, arch: str,
+                role: str = "decision") -> tuple[list[tuple[str, dict]], list[str]]:
+    """Every model of this role that serves (op, dtype, arch) and passes the manifest checks, best first,
+    and why the other manifests that would serve it were skipped.
+
+    Checks, per manifest: readable JSON object; op, dtype and role served; arch; feature schema hash;
+    the .onnx beside it exists and matches the manifest's onnx_bytes and onnx_sha256. A stale or broken
+    manifest is skipped, never allowed to hide a valid one. Order: the exported name
+    (``model_name(op, arch, role)`` + ".json") first, then the others by file name, so a copy such as
+    ``gemm-sm90-old.json`` lying beside ``gemm-sm90.json`` never wins over it."""
     if not os.path.isdir(models_dir):
-        return None, f"model folder {models_dir} does not exist"
-    reasons = []
-    for name in sorted(os.listdir(models_dir)):
-        if not name.endswith(".json"):
-            continue
+        return [], [f"model folder {models_dir} does not exist"]
+    canonical = model_name(op, arch, role) + ".json"
+    names = sorted((n for n in os.listdir(models_dir) if n.endswith(".json")), key=lambda n: (n != canonical, n))
+    found, reasons = [], []
+    for name in names:
         path = os.path.join(models_dir, name)
         try:
             with open(path, encoding="utf-8") as fh:
                 man = json.load(fh)
         except (OSError, ValueError) as exc:
-            reasons.append(f"{name}: unreadable manifest ({exc})")
+            reasons.append(f"{name}: unreadable manifest ({str(exc)[:120]})")
             continue
-        try:
-            serves = (man.get("op") == op and dtype in man.get("dtypes", [])
-                      and man.get("role", "decision") == role)
-        except (AttributeError, TypeError):  # a manifest of the wrong shape is skipped like a foreign one
+        dtypes = man.get("dtypes", []) if isinstance(man, dict) else None
+        if not isinstance(dtypes, list):  # a manifest of the wrong shape is skipped like a foreign one
             reasons.append(f"{name}: malformed manifest")
             continue
-        if not serves:
+        if not (man.get("op") == op and dtype in dtypes and man.get("role", "decision") == role):
             continue
         if man.get("arch") != arch:
             reasons.append(f"{name} is for arch {man.get('arch')}, this GPU is {arch}")
+            continue
+        if man.get("feature_schema_hash") != F.schema_hash():
+            reasons.append(f"{name}: feature schema hash {man.get('feature_schema_hash')} != "
+                           f"this code's {F.schema_hash()}")
             continue
         onnx_path = os.path.join(models_dir, name[:-5] + ".onnx")
         if not os.path.isfile(onnx_path):
             reasons.append(f"{name}: model file {os.path.basename(onnx_path)} is missing")
             continue
-        return onnx_path, man
+        try:
+            problem = _integrity_problem(onnx_path, man)
+        except OSError as exc:
+            problem = f"cannot read it ({exc.strerror or exc})"
+        if problem:
+            reasons.append(f"{name}: {os.path.basename(onnx_path)} does not match its manifest ({problem})")
+            continue
+        found.append((onnx_path, man))
+    return found, reasons
+
+
+def find_model(models_dir: str, op: str, dtype: str, arch: str,
+               role: str = "decision") -> tuple[str, dict] | tuple[None, str]:
+    """(onnx path, manifest) of the preferred model of this role serving (op, dtype, arch), or (None, reason).
+    See ``find_models`` for the checks and the order."""
+    found, reasons = find_models(models_dir, op, dtype, arch, role)
+    if found:
+        return found[0]
     return None, "; ".join(reasons) or f"no {op} model for {dtype} on {arch} in {models_dir}"
 
 
@@ -161,8 +262,15 @@ class Dispatcher:
     """Chooses (and ranks) candidates for GEMM problems on one GPU.
 
     gpu_name: the device name (default: the current CUDA device); it selects the
-    arch and the GPU numbers the features use. tuned_table: a path or dict of
-    exact-hit decisions ({"<dtype>:<M>x<N>x<K>": "config id"}; see ``add_tuned_table``).
+    arch and the GPU numbers the features use. The arch comes from the hardware
+    table, or for a GPU missing from it from torch's compute capability when the
+    name is the current device's. Candidates come only from the arch's own space
+    (``space_arch``; gemm_configs.ARCHS: sm90, sm80); on any other or unknown arch
+    every decision is the vendor library (source 'vendor', one DispatchWarning).
+    fp8 needs fp8 tensor cores (sm89 and up): where the GPU has none (A100), fp8
+    problems raise ValueError, since no candidate, not even the vendor's, runs them.
+    tuned_table: a path or dict of exact-hit decisions ({"<dtype>:<M>x<N>x<K>":
+    "config id"}; see ``add_tuned_table``).
     cache_size: LRU capacity of decisions. threads: onnxruntime intra-op threads.
     precompute: {dtype: [(N, K), ...]} to decide at load time over the default M grid
     (powers of two up to 16384), so serving starts with a warm cache.
@@ -170,12 +278,32 @@ class Dispatcher:
 
     def __init__(self, gpu_name: str | None = None, models_dir: str | None = None, tuned_table=None,
                  cache_size: int = 65536, threads: int = 1, op: str = "gemm", precompute=None):
-        self.gpu_name = gpu_name if gpu_name is not None else (current_gpu_name() or "unknown")
+        if gpu_name is None:
+            gpu_name = current_gpu_name() or "unknown"
+        elif not isinstance(gpu_name, str):
+            raise ValueError(f"gpu_name must be a str (a CUDA device name), got {type(gpu_name).__name__} "
+                             f"{gpu_name!r}")
+        self.gpu_name = gpu_name
         self.models_dir = models_dir if models_dir is not None else _models_dir()
         self.op = op
         self.threads = threads
         self.spec = hardware.lookup(self.gpu_name)
-        self.arch = self.spec.arch if self.spec else None
+        capability = None if self.spec is not None else current_gpu_capability(self.gpu_name)
+        self.arch = self.spec.arch if self.spec else (arch_of_capability(capability) if capability else None)
+        # The arch whose candidate space this GPU runs, or None: then only the vendor library is offered.
+        # Exact match only: sm86/sm89 have less shared memory than the sm80 space assumes.
+        self.space_arch = self.arch if self.arch in G.ARCHS else None
+        # True/False, or None when nothing says (a GPU missing from the table, not the current device).
+        self.fp8_supported = (self.spec.tflops_fp8 > 0) if self.spec else arch_has_fp8(self.arch)
+        if self.space_arch is not None:
+            self._vendor_reason = None
+        elif self.arch is None:
+            self._vendor_reason = (f"unknown GPU {self.gpu_name!r}, arch unknown: no candidate space is known to "
+                                   "run on it (describe it with gemm_costmodel.hardware.register or "
+                                   "COSTMODEL_GPU_SPECS)")
+        else:
+            self._vendor_reason = (f"{self.gpu_name!r} is {self.arch}: Triton candidate spaces exist only for "
+                                   f"{', '.join(sorted(G.ARCHS))}")
         self._tuned: dict[tuple, str] = {}
         if tuned_table is not None:
             self.add_tuned_table(tuned_table)
@@ -191,10 +319,25 @@ class Dispatcher:
             self.precompute(pairs, dtype)
 
     # -- model loading ----------------------------------------------------------
-    def _warn_once(self, reason: str) -> None:
-        if reason not in self._warned:
-            self._warned.add(reason)
-            warnings.warn(f"gemm_costmodel: falling back to the heuristic: {reason}", DispatchWarning, stacklevel=4)
+    def _warn_once(self, reason: str, to: str = "the heuristic") -> None:
+        msg = f"gemm_costmodel: falling back to {to}: {reason}"
+        if msg not in self._warned:
+            self._warned.add(msg)
+            warnings.warn(msg, DispatchWarning, stacklevel=4)
+
+    def _load_first(self, dtype: str, role: str) -> tuple[_OnnxModel | None, str]:
+        """The first model of find_models' order that loads, or (None, every reason)."""
+        found, reasons = find_models(self.models_dir, self.op, dtype, self.arch, role)
+        for path, man in found:
+            try:
+                model = _OnnxModel(path, man, self.threads)
+                n_in = model.session.get_inputs()[0].shape[-1]
+                if n_in in (None, len(F.FEATURE_NAMES)) or isinstance(n_in, str):
+                    return model, ""
+                reasons.append(f"{os.path.basename(path)}: expects {n_in} features")
+            except Exception as exc:  # noqa: BLE001 - any broken model file means: try the next, then fall back
+                reasons.append(f"{os.path.basename(path)}: cannot load ({type(exc).__name__}: {str(exc)[:120]})")
+        return None, "; ".join(reasons) or f"no {self.op} model for {dtype} on {self.arch} in {self.models_dir}"
 
     def model_for(self, dtype: str) -> _OnnxModel | None:
         """The loaded model serving dtype on this GPU, or None (reason in fallback_reasons)."""
@@ -208,20 +351,7 @@ class Dispatcher:
                 reason = (f"unknown GPU {self.gpu_name!r} (describe it with gemm_costmodel.hardware.register "
                           "or COSTMODEL_GPU_SPECS)")
             else:
-                path, man = find_model(self.models_dir, self.op, dtype, self.arch)
-                if path is None:
-                    reason = man
-                elif man.get("feature_schema_hash") != F.schema_hash():
-                    reason = (f"{os.path.basename(path)}: feature schema hash {man.get('feature_schema_hash')} != "
-                              f"this code's {F.schema_hash()}")
-                else:
-                    try:
-                        model = _OnnxModel(path, man, self.threads)
-                        n_in = model.session.get_inputs()[0].shape[-1]
-                        if n_in not in (None, len(F.FEATURE_NAMES)) and not isinstance(n_in, str):
-                            model, reason = None, f"{os.path.basename(path)}: expects {n_in} features"
-                    except Exception as exc:  # noqa: BLE001 - any broken model file means: fall back
-                        reason = f"{os.path.basename(path)}: cannot load ({type(exc).__name__}: {str(exc)[:120]})"
+                model, reason = self._load_first(dtype, "decision")
             if model is None:
                 self.fallback_reasons[dtype] = reason
                 self._warn_once(reason)
@@ -234,13 +364,8 @@ class Dispatcher:
             return self._latency_models[dtype]
         with self._model_lock:
             model = None
-            if self.spec is not None:
-                path, man = find_model(self.models_dir, self.op, dtype, self.arch, role="latency")
-                if path is not None and man.get("feature_schema_hash") == F.schema_hash():
-                    try:
-                        model = _OnnxModel(path, man, self.threads)
-                    except Exception:  # noqa: BLE001 - latencies are optional annotations
-                        model = None
+            if self.spec is not None:  # latencies are optional annotations: no warning without them
+                model, _ = self._load_first(dtype, "latency")
             self._latency_models[dtype] = model
             return model
 
@@ -264,8 +389,20 @@ class Dispatcher:
                 self._cache.clear()
 
     # -- decisions ---------------------------------------------------------------------
+    def _check_runnable(self, n, k, dtype) -> None:
+        """Raise ValueError for a problem that no candidate can run on this GPU."""
+        if dtype != "fp8":
+            return
+        where = f"{self.gpu_name!r} ({self.arch or 'arch unknown'})"
+        if self.fp8_supported is False:
+            raise ValueError(f"dtype fp8 is not supported on {where}: no fp8 tensor cores, so neither the Triton "
+                             "kernels nor torch._scaled_mm can run it")
+        if self.space_arch is None and (k % 16 or n % 16):  # gemm_configs.check_feasible's vendor rule
+            raise ValueError(f"K and N must be multiples of 16 for fp8 on {where}, where torch._scaled_mm is the "
+                             f"only candidate; got K={k}, N={n}")
+
     def _feasible(self, m, n, k, dtype):
-        ct = candidate_table(self.arch or "sm90", dtype)
+        ct = candidate_table(self.space_arch, dtype)
         return ct, np.flatnonzero(ct.feasible_mask(m, n, k))
 
     def _features(self, ct, idx, m, n, k, dtype, e, top_k) -> np.ndarray:
@@ -283,8 +420,16 @@ class Dispatcher:
             return None
 
     def _decide(self, m, n, k, dtype, e, top_k, count: int) -> list[Choice]:
-        ct, idx = self._feasible(m, n, k, dtype)
+        self._check_runnable(n, k, dtype)
         tuned = self._tuned.get((m, n, k, dtype, e, top_k))
+        if self.space_arch is None:
+            # No candidate space for this arch: the vendor library is the one candidate known to run.
+            if count == 1 and tuned == VENDOR:
+                return [Choice(VENDOR, "table")]
+            self.fallback_reasons.setdefault(dtype, self._vendor_reason)
+            self._warn_once(self._vendor_reason, to=f"the vendor library ({VENDOR})")
+            return [Choice(VENDOR, "vendor")]
+        ct, idx = self._feasible(m, n, k, dtype)
         if count == 1 and tuned is not None and tuned in ct.index and np.any(idx == ct.index[tuned]):
             return [Choice(tuned, "table")]
         model = self.model_for(dtype)
@@ -341,7 +486,8 @@ class Dispatcher:
 
     def rank(self, m: int, n: int, k: int, dtype: str = "bf16", count: int = 8, e: int = 1, top_k: int = 1) -> list[Choice]:
         """The model's top ``count`` feasible candidates, best first (not cached).
-        Without a usable model, the heuristic's single choice."""
+        Without a usable model, the heuristic's single choice; without a candidate space for the
+        GPU's arch, the vendor's."""
         check_problem(m, n, k, dtype, e, top_k)
         if type(count) is not int or count < 1:
             raise ValueError(f"count must be an int >= 1, got {count!r}")

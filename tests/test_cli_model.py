@@ -240,7 +240,10 @@ def test_select_bad_dim_exits_2(capsys):
     assert len(err) == 1 and "M must be >= 1" in err[0]
 
 
-def test_select_unknown_gpu_falls_back_with_a_warning(capsys):
+def test_select_unknown_gpu_falls_back_with_a_warning(capsys, monkeypatch):
+    from gemm_costmodel import runtime
+
+    monkeypatch.setattr(runtime, "current_gpu_capability", lambda name: None)  # whatever GPU this machine has
     assert cli_main(["select", "16", "4096", "4096", "--gpu", "NVIDIA Foo 9000"]) == 0
     out = capsys.readouterr()
     assert "source heuristic" in out.out and "unknown GPU" in out.err
@@ -301,3 +304,31 @@ def test_evaluate_a_single_shape(tmp_path, capsys, fp8_frame):
     rc = cli_main([*model_cmd("evaluate", tmp_path), "--data", str(one)])
     assert rc == 2
     assert_one_line_error(rc, capsys, "cannot evaluate: no evaluation shapes to hold out with training data left")
+
+    # Its arch is unknown, so is which Triton configs it runs: the vendor library.
+    assert out.out.strip() == "1. cublas  (source vendor, predicted -)"
+    assert "unknown GPU 'NVIDIA Foo 9000'" in out.err and "vendor library (cublas)" in out.err
+
+
+def test_select_a100_fp8_exits_2(capsys):
+    assert cli_main(["select", "16", "4096", "4096", "--dtype", "fp8", "--gpu", "NVIDIA A100-SXM4-80GB"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "dtype fp8 is not supported on 'NVIDIA A100-SXM4-80GB' (sm80)" in err[0]
+
+
+def test_select_dim_above_int32_exits_2(capsys):
+    assert cli_main(["select", "16", str(2**31), "4096"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["costmodel: error: N must be <= 2**31 - 1 (2147483647), got 2147483648"]
+
+
+@pytest.mark.parametrize("content, problem", [("{not json", "not valid JSON"),
+                                              ('{"name": "X"}', "expected a JSON list"),
+                                              ('[{"name": "X"}]', "entry 0: missing field(s) match, arch")])
+def test_select_bad_gpu_specs_exits_2(capsys, monkeypatch, tmp_path, content, problem):
+    path = tmp_path / "gpus.json"
+    path.write_text(content)
+    monkeypatch.setenv("COSTMODEL_GPU_SPECS", str(path))
+    assert cli_main(["select", "16", "4096", "4096"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"costmodel: error: COSTMODEL_GPU_SPECS={path}: {problem}"), err

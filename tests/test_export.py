@@ -1,6 +1,7 @@
 """ONNX export: parity with the booster for every formulation, the manifest, the file size."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -142,6 +143,8 @@ def test_manifest_fields(fp8_hash, exported, formulation):
     assert man["metrics"] == {"x": {"y": 1.0}}
     assert set(man["versions"]) >= {"xgboost", "onnxmltools", "onnx", "numpy", "python"}
     assert man["onnx_bytes"] == os.path.getsize(path)
+    with open(path, "rb") as fh:
+        assert man["onnx_sha256"] == hashlib.sha256(fh.read()).hexdigest()
     assert man["created"]
 
 

@@ -130,6 +130,22 @@ def test_bad_operands_raise_value_error(case):
         ops.gemm(x, w)
 
 
+@pytest.mark.parametrize("name, x_shape, w_shape", [("M", (2**31, 16), (16, 16)), ("N", (16, 16), (2**31, 16)),
+                                                   ("K", (16, 2**31), (16, 2**31))])
+def test_dims_above_int32_raise_value_error_naming_the_field(tmp_path, name, x_shape, w_shape):
+    # Meta tensors: the shapes of a 64 GiB operand without the memory; the ops refuse before any launch.
+    x = torch.empty(x_shape, dtype=torch.float16, device="meta")
+    w = torch.empty(w_shape, dtype=torch.float16, device="meta")
+    match = rf"^{name} must be <= 2\*\*31 - 1 \(2147483647\), got 2147483648$"
+    for call in (ops.choose, ops.gemm):
+        with pytest.raises(ValueError, match=match):
+            call(x, w)
+    ops.enable_unsure_mode(k=2, cache_file=str(tmp_path / "tuned.json"), bench=lambda fn: 1.0)
+    with pytest.raises(ValueError, match=match):
+        ops.gemm(x, w)
+    assert not (tmp_path / "tuned.json").exists()
+
+
 def test_unsure_mode_picks_the_fastest_of_the_top_k_and_persists_it(disp, tmp_path, launched):
     m, n, k = 5, 48, 64
     x, w = _operands(m, n, k, seed=2)

@@ -20,10 +20,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gemm_costmodel import heuristic
+from gemm_costmodel import heuristic, runtime
 from gemm_costmodel.candidates import table
 from gemm_costmodel.kernels.gemm_configs import Problem, check_feasible, config_from_id
-from gemm_costmodel.runtime import Choice, DispatchWarning, Dispatcher
+from gemm_costmodel.runtime import Choice, DispatchWarning, Dispatcher, check_problem, find_model, find_models
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARDS = [os.path.join(ROOT, "datasets", "fp8", "eval-fp8-shard01of40.parquet"),
@@ -138,6 +138,7 @@ def test_heuristic_choice_is_the_heuristics(disp):
     (dict(m=None), "M"), (dict(m=[64]), "M"), (dict(k={}), "K"), (dict(dtype="int8"), "dtype"),
     (dict(dtype=["fp16"]), "dtype"), (dict(dtype="fp32"), "dtype"), (dict(e=0), "E"),
     (dict(top_k=0), "top_k"), (dict(top_k=3, e=2), "top_k"),
+    (dict(m=2**31), "M"), (dict(n=2**31), "N"), (dict(k=np.int64(2**40)), "K"),
 ], ids=lambda v: repr(v) if isinstance(v, dict) else v)
 def test_bad_input_raises_value_error_naming_the_field(disp, kwargs, field):
     args = dict(m=64, n=64, k=64, dtype="fp16")
@@ -149,6 +150,13 @@ def test_bad_input_raises_value_error_naming_the_field(disp, kwargs, field):
         disp.select(**args)
     with pytest.raises(ValueError, match=rf"^{field}\b"):
         disp.rank(**args)
+
+
+def test_dims_up_to_int32_max_are_accepted():
+    check_problem(2**31 - 1, 2**31 - 1, 2**31 - 1, "bf16")
+    for name, dims in (("M", (2**31, 1, 1)), ("N", (1, 2**31, 1)), ("K", (1, 1, 2**31))):
+        with pytest.raises(ValueError, match=rf"^{name} must be <= 2\*\*31 - 1 \(2147483647\), got 2147483648$"):
+            check_problem(*dims, "bf16")
 
 
 def test_rank_count_and_numpy_ints(disp):
@@ -238,10 +246,17 @@ def model_copy(model_dir, tmp_path):
     return dst
 
 
-def _edit_manifest(folder, **changes):
-    path = folder / "gemm-sm90.json"
+def _edit_manifest(folder, name="gemm-sm90.json", **changes):
+    path = folder / name
     man = json.loads(path.read_text())
     man.update(changes)
+    path.write_text(json.dumps(man))
+
+
+def _drop_integrity_fields(folder, name="gemm-sm90.json"):
+    path = folder / name
+    man = json.loads(path.read_text())
+    del man["onnx_bytes"], man["onnx_sha256"]
     path.write_text(json.dumps(man))
 
 
@@ -253,6 +268,14 @@ def test_fallback_truncated_onnx(model_copy):
     onnx = model_copy / "gemm-sm90.onnx"
     data = onnx.read_bytes()
     onnx.write_bytes(data[: len(data) // 2])
+    _assert_one_warning(Dispatcher(gpu_name=GPU, models_dir=str(model_copy)), "does not match its manifest")
+
+
+def test_fallback_truncated_onnx_of_a_manifest_without_integrity_fields(model_copy):
+    # An older manifest (no onnx_bytes / onnx_sha256) is served unchecked: the broken file only shows on loading.
+    _drop_integrity_fields(model_copy)
+    onnx = model_copy / "gemm-sm90.onnx"
+    onnx.write_bytes(onnx.read_bytes()[:1000])
     _assert_one_warning(Dispatcher(gpu_name=GPU, models_dir=str(model_copy)), "cannot load")
 
 
@@ -266,10 +289,20 @@ def test_fallback_schema_hash_mismatch(model_copy):
     _assert_one_warning(Dispatcher(gpu_name=GPU, models_dir=str(model_copy)), "feature schema hash")
 
 
-def test_fallback_unknown_gpu(model_dir):
+def test_fallback_unknown_gpu_is_the_vendor_library(model_dir, monkeypatch):
+    # No GPU of that name here to ask for its compute capability: its arch, hence its space, is unknown.
+    monkeypatch.setattr(runtime, "current_gpu_capability", lambda name: None)
     d = Dispatcher(gpu_name="NVIDIA Foo 9000", models_dir=model_dir)
-    assert d.spec is None and d.arch is None
-    _assert_one_warning(d, "unknown GPU")
+    assert d.spec is None and d.arch is None and d.space_arch is None
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        for m, n, k in SHAPES:
+            for dtype in ("bf16", "fp16"):
+                assert d.select(m, n, k, dtype) == Choice("cublas", "vendor")
+                assert d.rank(m, n, k, dtype, count=4) == [Choice("cublas", "vendor")]
+    got = [str(w.message) for w in rec if issubclass(w.category, DispatchWarning)]
+    assert len(got) == 1 and "vendor library (cublas)" in got[0] and "unknown GPU 'NVIDIA Foo 9000'" in got[0], got
+    assert "unknown GPU" in d.fallback_reasons["bf16"]
 
 
 def test_fallback_model_for_another_arch(model_copy):
@@ -291,10 +324,168 @@ def test_fallback_unreadable_manifest_is_skipped(model_copy):
         assert d.select(16, 4096, 4096, "fp16").source == "model"
 
 
+# -- model integrity ---------------------------------------------------------------------------
+
+SHIPPED = os.path.join(ROOT, "models")
+
+
+@pytest.fixture
+def shipped_copy(tmp_path):
+    """The shipped decision model and latency companion, copied (byte-identical) to a temporary folder."""
+    dst = tmp_path / "shipped"
+    dst.mkdir()
+    for stem in ("gemm-sm90", "gemm-sm90-latency"):
+        for ext in (".json", ".onnx"):
+            shutil.copy(os.path.join(SHIPPED, stem + ext), dst / (stem + ext))
+    return dst
+
+
+def test_shipped_manifests_record_their_onnx_files():
+    import hashlib
+
+    for stem in ("gemm-sm90", "gemm-sm90-latency"):
+        man = json.loads(open(os.path.join(SHIPPED, stem + ".json"), encoding="utf-8").read())
+        data = open(os.path.join(SHIPPED, stem + ".onnx"), "rb").read()
+        assert man["onnx_bytes"] == len(data)
+        assert man["onnx_sha256"] == hashlib.sha256(data).hexdigest()
+    path, man = find_model(SHIPPED, "gemm", "bf16", "sm90")
+    assert path == os.path.join(SHIPPED, "gemm-sm90.onnx") and man["role"] == "decision"
+    path, man = find_model(SHIPPED, "gemm", "bf16", "sm90", role="latency")
+    assert path == os.path.join(SHIPPED, "gemm-sm90-latency.onnx") and man["role"] == "latency"
+
+
+def test_latency_model_copied_over_the_decision_model_falls_back(shipped_copy):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DispatchWarning)
+        assert Dispatcher(gpu_name=GPU, models_dir=str(shipped_copy)).select(16, 4096, 4096, "fp16").source == "model"
+    shutil.copy(shipped_copy / "gemm-sm90-latency.onnx", shipped_copy / "gemm-sm90.onnx")
+    d = Dispatcher(gpu_name=GPU, models_dir=str(shipped_copy))
+    _assert_one_warning(d, "onnx_sha256", dtypes=("bf16", "fp16", "fp8"))
+    assert "gemm-sm90.onnx does not match its manifest" in d.fallback_reasons["bf16"]
+    # The companion itself is intact and still loads; only the decision model is refused.
+    assert d.latency_model_for("bf16") is not None
+
+
+def test_size_mismatch_falls_back(model_copy):
+    size = (model_copy / "gemm-sm90.onnx").stat().st_size
+    _edit_manifest(model_copy, onnx_bytes=size + 1)
+    _assert_one_warning(Dispatcher(gpu_name=GPU, models_dir=str(model_copy)),
+                        f"{size} bytes, the manifest's onnx_bytes says {size + 1}")
+
+
+def test_hash_mismatch_alone_falls_back(model_copy):
+    _edit_manifest(model_copy, onnx_sha256="0" * 64)
+    d = Dispatcher(gpu_name=GPU, models_dir=str(model_copy))
+    _assert_one_warning(d, "the manifest's onnx_sha256 says 000000000000")
+    assert "onnx_bytes" not in d.fallback_reasons["fp16"]  # the size is right: only the digest is named
+
+
+@pytest.mark.parametrize("field,value", [("onnx_bytes", "19850"), ("onnx_sha256", 12)])
+def test_integrity_field_of_the_wrong_type_falls_back(model_copy, field, value):
+    _edit_manifest(model_copy, **{field: value})
+    _assert_one_warning(Dispatcher(gpu_name=GPU, models_dir=str(model_copy)), f"{field} must be")
+
+
+def test_manifest_without_integrity_fields_still_loads(model_copy):
+    _drop_integrity_fields(model_copy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DispatchWarning)
+        d = Dispatcher(gpu_name=GPU, models_dir=str(model_copy))
+        assert d.select(16, 4096, 4096, "fp16").source == "model"
+    assert d.model_for("fp16").path == str(model_copy / "gemm-sm90.onnx")
+
+
+def _stale(folder, kind):
+    """Put a stale or broken gemm-sm90-old.json (sorts before gemm-sm90.json) beside the valid model."""
+    old = folder / "gemm-sm90-old.json"
+    shutil.copy(folder / "gemm-sm90.json", old)
+    if kind == "unreadable":
+        old.write_text("{not json")
+    elif kind == "not an object":
+        old.write_text("[1, 2]")
+    elif kind == "missing onnx":
+        pass  # no gemm-sm90-old.onnx
+    else:
+        shutil.copy(folder / "gemm-sm90.onnx", folder / "gemm-sm90-old.onnx")
+        changes = {"wrong arch": dict(arch="sm100"), "old schema": dict(feature_schema_hash="0123456789abcdef"),
+                   "bad hash": dict(onnx_sha256="f" * 64), "bad size": dict(onnx_bytes=1),
+                   "broken onnx": {}, "valid copy": {}}[kind]
+        _edit_manifest(folder, "gemm-sm90-old.json", **changes)
+    if kind == "broken onnx":
+        onnx = folder / "gemm-sm90-old.onnx"
+        onnx.write_bytes(onnx.read_bytes()[:1000])
+        _drop_integrity_fields(folder, "gemm-sm90-old.json")  # so that it fails only when loaded
+
+
+@pytest.mark.parametrize("kind", ["unreadable", "not an object", "missing onnx", "wrong arch", "old schema",
+                                  "bad hash", "bad size", "broken onnx", "valid copy"])
+def test_stale_manifest_beside_a_valid_one_does_not_disable_it(model_copy, kind):
+    _stale(model_copy, kind)
+    assert sorted(os.listdir(model_copy))[0] == "gemm-sm90-old.json"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DispatchWarning)
+        d = Dispatcher(gpu_name=GPU, models_dir=str(model_copy))
+        c = d.select(16, 4096, 4096, "fp16")
+    assert c.source == "model"
+    # The exported name wins over any other manifest, valid or not.
+    assert d.model_for("fp16").path == str(model_copy / "gemm-sm90.onnx")
+    assert find_model(str(model_copy), "gemm", "fp16", "sm90")[0] == str(model_copy / "gemm-sm90.onnx")
+
+
+def test_broken_model_under_the_exported_name_gives_way_to_a_valid_copy(model_copy):
+    for ext in (".json", ".onnx"):
+        shutil.copy(model_copy / f"gemm-sm90{ext}", model_copy / f"gemm-sm90-new{ext}")
+    onnx = model_copy / "gemm-sm90.onnx"
+    onnx.write_bytes(onnx.read_bytes()[::-1])  # same size, other bytes: only the digest tells
+    found, reasons = find_models(str(model_copy), "gemm", "fp16", "sm90")
+    assert [os.path.basename(p) for p, _ in found] == ["gemm-sm90-new.onnx"]
+    assert len(reasons) == 1 and reasons[0].startswith("gemm-sm90.json: gemm-sm90.onnx does not match its manifest "
+                                                       "(sha256 ")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DispatchWarning)
+        d = Dispatcher(gpu_name=GPU, models_dir=str(model_copy))
+        assert d.select(16, 4096, 4096, "fp16").source == "model"
+    assert d.model_for("fp16").path == str(model_copy / "gemm-sm90-new.onnx")
+
+
+def test_stale_manifest_alone_is_named_in_the_reason(model_copy):
+    _stale(model_copy, "bad hash")
+    for ext in (".json", ".onnx"):
+        (model_copy / f"gemm-sm90{ext}").unlink()
+    _assert_one_warning(Dispatcher(gpu_name=GPU, models_dir=str(model_copy)),
+                        "gemm-sm90-old.json: gemm-sm90-old.onnx does not match its manifest")
+
+
+def test_two_valid_models_without_the_exported_name_pick_the_first_file_name(model_copy):
+    for stem in ("gemm-sm90-b", "gemm-sm90-a"):
+        for ext in (".json", ".onnx"):
+            shutil.copy(model_copy / f"gemm-sm90{ext}", model_copy / f"{stem}{ext}")
+    for ext in (".json", ".onnx"):
+        (model_copy / f"gemm-sm90{ext}").unlink()
+    found, reasons = find_models(str(model_copy), "gemm", "fp16", "sm90")
+    assert [os.path.basename(p) for p, _ in found] == ["gemm-sm90-a.onnx", "gemm-sm90-b.onnx"] and not reasons
+    d = Dispatcher(gpu_name=GPU, models_dir=str(model_copy))
+    assert d.select(16, 4096, 4096, "fp16").source == "model"
+    assert d.model_for("fp16").path == str(model_copy / "gemm-sm90-a.onnx")
+
+
+def test_a_model_that_fails_to_load_gives_way_to_the_next(model_copy):
+    # Without the exported name, gemm-sm90-a (an unloadable file, no integrity fields) comes first.
+    _stale(model_copy, "broken onnx")
+    for ext in (".json", ".onnx"):
+        (model_copy / f"gemm-sm90-old{ext}").rename(model_copy / f"gemm-sm90-a{ext}")
+        (model_copy / f"gemm-sm90{ext}").rename(model_copy / f"gemm-sm90-b{ext}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DispatchWarning)
+        d = Dispatcher(gpu_name=GPU, models_dir=str(model_copy))
+        assert d.select(16, 4096, 4096, "fp16").source == "model"
+    assert d.model_for("fp16").path == str(model_copy / "gemm-sm90-b.onnx")
+
+
 def test_tuned_table_still_wins_without_a_model(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DispatchWarning)
-        d = Dispatcher(gpu_name="NVIDIA Foo 9000", models_dir=str(tmp_path),
+        d = Dispatcher(gpu_name=GPU, models_dir=str(tmp_path),
                        tuned_table={"bf16:16x4096x4096": "cublas"})
         assert d.select(16, 4096, 4096, "bf16") == Choice("cublas", "table")
         assert d.select(16, 4096, 4095, "bf16").source == "heuristic"
