@@ -311,6 +311,29 @@ def load_dataset(paths=None, root: str = "datasets") -> pd.DataFrame:
     return typed(merge_duplicates(df))
 
 
+def unresolved_oom(df: pd.DataFrame) -> pd.Series:
+    """Out-of-memory rows whose key the same sweep did not measure again. The harness
+    retries such a candidate on resume and appends the new row; the old one then tells
+    nothing about the shape."""
+    from gemm_costmodel.health import is_oom
+
+    oom = is_oom(df)
+    if not oom.any():
+        return oom
+    redone = (~oom).groupby([df[c] for c in KEY + ["suite"]], sort=False, observed=True).transform("any")
+    return oom & ~redone
+
+
+def drop_resolved_oom(df: pd.DataFrame) -> pd.DataFrame:
+    """The frame without out-of-memory rows that a later row of the same key and sweep replaced."""
+    from gemm_costmodel.health import is_oom
+
+    oom = is_oom(df)
+    if not oom.any():
+        return df
+    return df[~(oom & ~unresolved_oom(df))].reset_index(drop=True)
+
+
 def demote_oom_eval_shapes(df: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple]]:
     """Clear ``eval_shape`` on every row of a sweep's shape that has an out-of-memory row.
 
@@ -321,9 +344,7 @@ def demote_oom_eval_shapes(df: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple]]
     out of memory are counted too (the harness's label before ``out_of_memory``).
     Returns the frame and the demoted (gpu_name, dtype, m, n, k) keys.
     """
-    from gemm_costmodel.health import is_oom
-
-    oom = is_oom(df)
+    oom = unresolved_oom(df)
     if not oom.any():
         return df, []
     keys = SHAPE_KEY + ["suite"]
@@ -384,7 +405,8 @@ def build_parquet(raw_paths, out_root: str = "datasets", log=None) -> list[str]:
     written = []
     statuses = pd.Series(dtype="int64")
     for raw in raw_paths:
-        df = read_file(raw)
+        # Out-of-memory rows a resume measured again are no failure of the sweep any more.
+        df = drop_resolved_oom(read_file(raw))
         text, warnings = health(df)
         statuses = statuses.add(df["status"].value_counts(), fill_value=0)
         if log is not None:

@@ -402,3 +402,28 @@ def test_cli_validate_rejects_bad_data_in_one_line(tmp_path, capsys):
     assert cli_main(["dataset", "validate", bad]) == 2
     err = capsys.readouterr().err
     assert err == f"costmodel: error: {bad}: column 'p80_us': infinite time inf in row 1\n"
+
+
+def test_out_of_memory_row_measured_again_by_the_same_sweep_keeps_the_evaluation_shape(tmp_path):
+    """The harness retries an out_of_memory candidate on resume and appends the new row:
+    the shape is complete again and the old row is dropped before health and merge."""
+    import pandas as pd
+
+    from gemm_costmodel import dataset as D
+
+    base = {"op": "gemm", "e": 1, "top_k": 1, "dtype": "bf16", "m": 8, "n": 64, "k": 64, "arch": "sm90",
+            "gpu_name": "NVIDIA H100 80GB HBM3", "suite": "s", "eval_shape": True}
+    rows = pd.DataFrame([
+        {**base, "candidate": "a", "status": "ok", "error": ""},
+        {**base, "candidate": "b", "status": "out_of_memory", "error": "timing: CUDA out of memory"},
+        {**base, "candidate": "b", "status": "ok", "error": ""},
+        {**base, "m": 16, "candidate": "b", "status": "out_of_memory", "error": "timing: CUDA out of memory"},
+        {**base, "m": 16, "candidate": "a", "status": "ok", "error": ""},
+    ])
+    assert D.unresolved_oom(rows).tolist() == [False, False, False, True, False]
+    kept = D.drop_resolved_oom(rows)
+    assert len(kept) == 4 and not ((kept["m"] == 8) & (kept["status"] == "out_of_memory")).any()
+    demoted_df, demoted = D.demote_oom_eval_shapes(rows)
+    assert demoted == [("NVIDIA H100 80GB HBM3", "bf16", 16, 64, 64)]
+    assert demoted_df.loc[rows["m"] == 8, "eval_shape"].all()
+    assert not demoted_df.loc[rows["m"] == 16, "eval_shape"].any()
