@@ -1,7 +1,7 @@
-"""The candidate space of one (arch, dtype) as numpy arrays, with a vectorised
+"""The candidate space of one (arch, dtype) as numpy arrays, with the vectorised
 per-problem feasibility mask. The runtime featurises all feasible candidates of a
-problem at once from this table; tests check the mask against
-``gemm_configs.check_feasible`` config by config.
+problem at once from this table. The mask is the op's own rule list applied to the
+whole space (``gemm_configs.problem_mask``); ``check_feasible`` is its one-config case.
 """
 from __future__ import annotations
 
@@ -37,36 +37,14 @@ class CandidateTable:
         self.variant_code = np.array([VARIANT_CODES[c.variant] for c in self.configs], dtype=np.float64)
         self.variants = [c.variant for c in self.configs]
         self.space_hash = G.space_hash(self.configs)
-        v = self.variant_code.astype(int)
-        self._vendor = v == VARIANT_CODES["vendor"]
-        self._persistent = v == VARIANT_CODES["persistent"]
-        self._splitk = v == VARIANT_CODES["splitk"]
-        self._swapab_tma = v == VARIANT_CODES["swapab_tma"]
-        self._swapab = (v == VARIANT_CODES["swapab"]) | self._swapab_tma
-        self._bk = np.maximum(self.params["block_k"], 1)
-        self._sk = self.params["split_k"]
+        self._arrays = G.ConfigArrays(self.configs)
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def feasible_mask(self, m: int, n: int, k: int) -> np.ndarray:
-        """Boolean mask of the configs that can run (m, n, k); same rules as check_feasible."""
-        ok = np.ones(len(self.ids), dtype=bool)
-        e = G.DTYPE_BYTES[self.dtype]
-        if self.dtype == "fp32":
-            ok &= ~self._vendor
-        elif self.dtype == "fp8" and (k % 16 or n % 16):
-            ok &= ~self._vendor
-        if (k * e) % 16 or (n * G.DTYPE_BYTES[G.OUT_DTYPE[self.dtype]]) % 16:
-            ok &= ~self._persistent
-        if (k * e) % 16:
-            ok &= ~self._swapab_tma
-        # Swap-AB runs only decode shapes, with the one token count that covers M.
-        ok &= ~self._swapab | (self.params["block_m"] == G.swapab_tokens(m))
-        k_tiles = np.ceil(k / self._bk)
-        split = self._splitk | (self._swapab & (self._sk > 1))
-        bad_split = split & ((k_tiles < self._sk) | (self._sk * m * n * 4 > G.SPLITK_WORKSPACE_LIMIT))
-        return ok & ~bad_split
+        """Boolean mask of the configs that can run (m, n, k): the rules of check_feasible."""
+        return G.problem_mask(self._arrays, G.Problem(int(m), int(n), int(k), self.dtype))
 
     def candidate_dicts(self, idx) -> list[dict]:
         """{'variant', PARAMS...} of the given indices (the heuristic's input)."""

@@ -287,38 +287,83 @@ def generate_configs(arch: str = "sm90", dtype: str = "bf16", include_vendor: bo
 SPLITK_WORKSPACE_LIMIT = 256 * 1024 * 1024
 
 
+class ConfigArrays:
+    """A config list as numpy arrays (variant flags and PARAM_NAMES columns): what the
+    per-problem rules below are evaluated on, for one config or a whole space at once."""
+
+    def __init__(self, configs):
+        import numpy as np
+
+        variants = np.array([c.variant for c in configs], dtype=object)
+        self.n = len(variants)
+        self.vendor = variants == "vendor"
+        self.persistent = variants == "persistent"
+        self.splitk = variants == "splitk"
+        self.swapab_tma = variants == "swapab_tma"
+        self.swapab = (variants == "swapab") | self.swapab_tma  # either swap-AB kernel
+        self.params = {p: np.array([config_params(c)[p] for c in configs], dtype=np.int64) for p in PARAM_NAMES}
+
+
+def _k_tiles(a: "ConfigArrays", p: Problem):
+    import numpy as np
+
+    return -(-p.k // np.maximum(a.params["block_k"], 1))
+
+
+def _split(a: "ConfigArrays"):
+    return a.splitk | (a.swapab & (a.params["split_k"] > 1))
+
+
+# The per-problem feasibility rules, the ONE source of them: (violated(arrays, problem) ->
+# bool array, reason(problem, params of one config) -> str). ``problem_mask`` applies them
+# to a whole space at once (the runtime), ``check_feasible`` to one config (its reason is
+# the first violated rule's). Problem-independent limits are ``static_feasible``'s.
+_E = DTYPE_BYTES
+PROBLEM_RULES = (
+    (lambda a, p: a.vendor & (p.dtype == "fp8") & bool(p.k % 16 or p.n % 16),
+     lambda p, c: "torch._scaled_mm needs K and N divisible by 16"),
+    (lambda a, p: a.vendor & (p.dtype == "fp32"),
+     lambda p, c: "vendor candidate is for bf16/fp16/fp8"),
+    # TMA descriptors need 16-byte aligned row strides for x, w and y.
+    (lambda a, p: a.persistent & bool((p.k * _E[p.dtype]) % 16),
+     lambda p, c: "TMA needs K * element size divisible by 16"),
+    (lambda a, p: a.persistent & bool((p.n * _E[OUT_DTYPE[p.dtype]]) % 16),
+     lambda p, c: "TMA needs N * output element size divisible by 16"),
+    (lambda a, p: a.swapab & (p.m > SWAPAB_MAX_M),
+     lambda p, c: f"swap-AB is a decode kernel: M={p.m} > {SWAPAB_MAX_M}"),
+    # One tile column covers every token: the one token count that covers M.
+    (lambda a, p: a.swapab & (a.params["block_m"] != swapab_tokens(p.m)),
+     lambda p, c: f"swap-AB tile has {c['block_m']} tokens; M={p.m} takes {swapab_tokens(p.m)}"),
+    (lambda a, p: a.swapab_tma & bool((p.k * _E[p.dtype]) % 16),
+     lambda p, c: "TMA needs K * element size divisible by 16"),
+    (lambda a, p: _split(a) & (_k_tiles(a, p) < a.params["split_k"]),
+     lambda p, c: f"K={p.k} has {-(-p.k // c['block_k'])} k-tiles < split_k={c['split_k']}"),
+    (lambda a, p: _split(a) & (a.params["split_k"] * p.m * p.n * 4 > SPLITK_WORKSPACE_LIMIT),
+     lambda p, c: "split-K workspace above limit"),
+)
+
+
+def problem_mask(arrays: ConfigArrays, problem: Problem):
+    """Boolean array: which configs of ``arrays`` satisfy every per-problem rule."""
+    import numpy as np
+
+    ok = np.ones(arrays.n, dtype=bool)
+    for violated, _ in PROBLEM_RULES:
+        ok &= ~violated(arrays, problem)
+    return ok
+
+
 def check_feasible(cfg: GemmConfig, problem: Problem, arch: str = "sm90") -> tuple[bool, str]:
-    """Whether cfg can run problem correctly on arch; returns (ok, reason)."""
+    """Whether cfg can run problem correctly on arch; returns (ok, reason). The one-config
+    case of ``problem_mask`` (after the static rules)."""
     spec = ARCHS[arch]
     ok, why = static_feasible(cfg, spec, problem.dtype)
     if not ok:
         return ok, why
-    e = DTYPE_BYTES[problem.dtype]
-    if isinstance(cfg, VendorConfig):
-        if problem.dtype == "fp8" and (problem.k % 16 or problem.n % 16):
-            return False, "torch._scaled_mm needs K and N divisible by 16"
-        if problem.dtype == "fp32":
-            return False, "vendor candidate is for bf16/fp16/fp8"
-        return True, ""
-    if isinstance(cfg, PersistentConfig):
-        # TMA descriptors need 16-byte aligned row strides for x, w and y.
-        if (problem.k * e) % 16:
-            return False, "TMA needs K * element size divisible by 16"
-        if (problem.n * DTYPE_BYTES[OUT_DTYPE[problem.dtype]]) % 16:
-            return False, "TMA needs N * output element size divisible by 16"
-    if isinstance(cfg, SwapABConfig):
-        if problem.m > SWAPAB_MAX_M:
-            return False, f"swap-AB is a decode kernel: M={problem.m} > {SWAPAB_MAX_M}"
-        if cfg.block_m != swapab_tokens(problem.m):
-            return False, f"swap-AB tile has {cfg.block_m} tokens; M={problem.m} takes {swapab_tokens(problem.m)}"
-        if isinstance(cfg, SwapABTmaConfig) and (problem.k * e) % 16:
-            return False, "TMA needs K * element size divisible by 16"
-    if isinstance(cfg, (SplitKConfig, SwapABConfig)) and cfg.split_k > 1:
-        k_tiles = -(-problem.k // cfg.block_k)
-        if k_tiles < cfg.split_k:
-            return False, f"K={problem.k} has {k_tiles} k-tiles < split_k={cfg.split_k}"
-        if cfg.split_k * problem.m * problem.n * 4 > SPLITK_WORKSPACE_LIMIT:
-            return False, "split-K workspace above limit"
+    arrays = ConfigArrays([cfg])
+    for violated, reason in PROBLEM_RULES:
+        if violated(arrays, problem)[0]:
+            return False, reason(problem, config_params(cfg))
     return True, ""
 
 
