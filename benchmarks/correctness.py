@@ -8,18 +8,14 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from ..kernels import gemm
 from ..kernels.gemm_configs import GemmConfig, Problem
-
-# Relative Frobenius error bounds, per input dtype. The error is dominated by
-# rounding the fp32 accumulator to the output dtype (bf16: 2^-9 per element,
-# fp16: 2^-12) and by TF32 for fp32 dots on the GPU.
-ERROR_BOUNDS = {"bf16": 1e-2, "fp16": 2e-3, "fp8": 1e-2, "fp32": 2e-3}
+# The dense GEMM's operands, reference and error bounds live with its kernels (the op
+# registry's ``impl``); these names stay importable from here.
+from ..kernels.gemm_op import ERROR_BOUNDS, FP8_MAX, Operands, make_operands  # noqa: F401
 
 STATUS_OK = "ok"
 STATUS_WRONG = "wrong"
@@ -36,66 +32,33 @@ STATUSES = (STATUS_OK, STATUS_WRONG, STATUS_COMPILE_ERROR, STATUS_OUT_OF_RESOURC
 # needs more shared memory or registers than there are): expected, not a health problem.
 CONFIG_FAILURES = (STATUS_COMPILE_ERROR, STATUS_OUT_OF_RESOURCES)
 
-FP8_MAX = 448.0  # largest finite float8_e4m3fn
-
-
-@dataclass
-class Operands:
-    """One set of inputs and a preallocated output for a problem."""
-
-    x: torch.Tensor
-    w: torch.Tensor
-    out: torch.Tensor
-    scale_a: torch.Tensor | None = None
-    scale_b: torch.Tensor | None = None
-
-    def run(self, cfg: GemmConfig) -> torch.Tensor:
-        return gemm.launch(cfg, self.x, self.w, self.out, self.scale_a, self.scale_b)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.x, self.w, self.out))
-
-
 def seed_for(problem: Problem, seed: int) -> int:
     """Deterministic per-problem seed, independent of Python's hash randomisation."""
     h = hashlib.sha256(f"{problem.key}/{seed}".encode()).digest()
     return int.from_bytes(h[:4], "little")
 
 
-def make_operands(problem: Problem, device: str | torch.device, generator: torch.Generator) -> Operands:
-    """Fresh random inputs (never zeros). Weights are scaled by 1/sqrt(K) so outputs are O(1)."""
-    m, n, k = problem.m, problem.n, problem.k
-    x = torch.randn((m, k), generator=generator, device=device, dtype=torch.float32)
-    w = torch.randn((n, k), generator=generator, device=device, dtype=torch.float32) * k ** -0.5
-    if problem.dtype == "fp8":
-        sa = (x.abs().amax() / FP8_MAX).reshape(1).float()
-        sb = (w.abs().amax() / FP8_MAX).reshape(1).float()
-        xq = (x / sa).to(torch.float8_e4m3fn)
-        wq = (w / sb).to(torch.float8_e4m3fn)
-        out = torch.empty((m, n), dtype=torch.bfloat16, device=device)
-        return Operands(xq, wq, out, sa, sb)
-    dt = gemm.TORCH_DTYPES[problem.dtype]
-    xd, wd = x.to(dt), w.to(dt)
-    return Operands(xd, wd, torch.empty((m, n), dtype=dt, device=device))
-
-
-def operand_sets(problem: Problem, seed: int, l2_bytes: int, device: str | torch.device = "cuda"
-                 ) -> tuple[list[Operands], torch.Tensor]:
+def operand_sets(problem, seed: int, l2_bytes: int, device: str | torch.device = "cuda", op: str = "gemm"
+                 ) -> tuple[list, torch.Tensor]:
     """The seeded operand sets a shape is timed on (enough copies to rotate over >= 2x L2,
     one on CPU) and the fp32 reference of the first, which the gate checks against."""
+    from gemm_costmodel import registry
+
     from .timing import copies_for
 
+    impl = registry.get(op).impl_module()
     gen = torch.Generator(device=device)
     gen.manual_seed(seed_for(problem, seed))
-    first = make_operands(problem, device, gen)
+    first = impl.make_operands(problem, device, gen)
     n_copies = copies_for(first.nbytes, l2_bytes) if str(device) != "cpu" else 1
-    return [first] + [make_operands(problem, device, gen) for _ in range(n_copies - 1)], reference(first)
+    return [first] + [impl.make_operands(problem, device, gen) for _ in range(n_copies - 1)], impl.reference(first)
 
 
-def reference(ops: Operands) -> torch.Tensor:
-    """fp32 reference output for one operand set."""
-    return gemm.reference(ops.x, ops.w, ops.scale_a, ops.scale_b)
+def reference(ops) -> torch.Tensor:
+    """fp32 reference output for one dense-GEMM operand set."""
+    from ..kernels.gemm_op import reference as ref
+
+    return ref(ops)
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -127,8 +90,10 @@ def _ref_norm(ref: torch.Tensor) -> float:
     return norm
 
 
-def check_output(y: torch.Tensor, ref: torch.Tensor, dtype: str) -> tuple[bool, float, str]:
-    """(passed, relative error, reason) of an output against the reference."""
+def check_output(y: torch.Tensor, ref: torch.Tensor, dtype: str, bounds: dict | None = None
+                 ) -> tuple[bool, float, str]:
+    """(passed, relative error, reason) of an output against the reference; ``bounds``: the
+    op's relative error bound per dtype (default: the dense GEMM's)."""
     if y.shape != ref.shape:
         return False, float("nan"), f"shape {tuple(y.shape)} != {tuple(ref.shape)}"
     # One fp32 pass and one reduction with one sync: this runs for every candidate of every
@@ -141,14 +106,14 @@ def check_output(y: torch.Tensor, ref: torch.Tensor, dtype: str) -> tuple[bool, 
         if nbad:
             return False, float("nan"), f"{nbad} elements unwritten or non-finite"
     err = err_abs / max(_ref_norm(ref), 1e-30)
-    bound = ERROR_BOUNDS[dtype]
+    bound = (bounds or ERROR_BOUNDS)[dtype]
     if not err <= bound:
         return False, err, f"relative error {err:.3g} > {bound:g}"
     return True, err, ""
 
 
 def gate(cfg: GemmConfig, ops: Operands, ref: torch.Tensor, dtype: str,
-         run: Callable[[], torch.Tensor] | None = None) -> tuple[str, float, str]:
+         run: Callable[[], torch.Tensor] | None = None, bounds: dict | None = None) -> tuple[str, float, str]:
     """Run cfg once on poisoned output and check it. Returns (status, rel_err, detail).
 
     ``run`` launches a kernel outside the committed family (explorations) on ``ops``.
@@ -160,7 +125,7 @@ def gate(cfg: GemmConfig, ops: Operands, ref: torch.Tensor, dtype: str,
             torch.cuda.synchronize(y.device)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a status row
         return classify_exception(exc), float("nan"), f"{type(exc).__name__}: {str(exc)[:300]}"
-    ok, err, why = check_output(y, ref, dtype)
+    ok, err, why = check_output(y, ref, dtype, bounds)
     return (STATUS_OK if ok else STATUS_WRONG), err, why
 
 

@@ -17,8 +17,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
-from ..kernels.gemm_configs import (VARIANTS, GemmConfig, Problem, VendorConfig, config_params,
-                                    feasible_configs)
+from gemm_costmodel import registry
+
+from ..kernels.gemm_configs import VARIANTS, GemmConfig, Problem, VendorConfig, config_params
 from . import correctness as C
 from .provenance import now
 from .store import MAX_DEATHS, ResultStore
@@ -51,13 +52,14 @@ def in_shard(shape, shard: tuple[int, int]) -> bool:
 SAMPLE_BASE_VARIANTS = ("tiled", "splitk", "persistent")
 
 
-def select_candidates(problem: Problem, mode: str, seed: int, arch: str = "sm90") -> list[GemmConfig]:
+def select_candidates(problem: Problem, mode: str, seed: int, arch: str = "sm90", op: str = "gemm"
+                      ) -> list[GemmConfig]:
     """Candidates to measure for a problem: 'all', 'sample:K' (K Triton configs + vendor) or
     'variant:A[,B...]' (every feasible config of those variants + vendor).
 
     'sample:K' draws K configs of SAMPLE_BASE_VARIANTS and, from each later variant,
     the same fraction of its feasible configs."""
-    feas = feasible_configs(problem, arch)
+    feas = registry.get(op).feasible_configs(problem, arch)
     if mode == "all":
         return feas
     if mode.startswith("variant:"):
@@ -186,10 +188,18 @@ def _say(bar, msg: str) -> None:
         print(msg, file=sys.stderr)
 
 
-def measure_candidate(cfg: GemmConfig, ops, ref, dtype: str, timer, key: tuple, phase: dict) -> dict:
+def key_of(op: str, shape, candidate: str) -> tuple:
+    """The store key of a (shape, candidate) of an op (see store.row_key)."""
+    spec = registry.get(op)
+    e, top_k = getattr(shape, "e", spec.fixed.get("e", 1)), getattr(shape, "top_k", spec.fixed.get("top_k", 1))
+    return (op, shape.dtype, shape.m, shape.n, shape.k, e, top_k, candidate)
+
+
+def measure_candidate(cfg: GemmConfig, ops, ref, dtype: str, timer, key: tuple, phase: dict,
+                      bounds: dict | None = None) -> dict:
     """Gate then time one candidate: the row's status, error and timing fields."""
     t0 = time.perf_counter()
-    status, err, detail = C.gate(cfg, ops[0], ref, dtype)
+    status, err, detail = C.gate(cfg, ops[0], ref, dtype, bounds=bounds)
     out = {"status": status, "rel_err": err, "error": detail}
     t1 = time.perf_counter()
     phase["gate"] += t1 - t0
@@ -207,8 +217,8 @@ def measure_candidate(cfg: GemmConfig, ops, ref, dtype: str, timer, key: tuple, 
 def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all", seed: int = 0,
               device: str = "cuda", arch: str = "sm90", provenance: dict | None = None,
               suite: str = "user", progress: bool = True, time_budget_s: float | None = None,
-              on_shape: Callable[[object, dict], None] | None = None) -> SweepStats:
-    """Measure every selected candidate of every shape not yet in ``store``.
+              on_shape: Callable[[object, dict], None] | None = None, op: str = "gemm") -> SweepStats:
+    """Measure every selected candidate of every shape of ``op`` not yet in ``store``.
 
     With ``time_budget_s``, stops cleanly between shapes once the budget is
     spent (a later run resumes), instead of being killed mid-candidate.
@@ -219,14 +229,16 @@ def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all",
     fails again its row has status ``out_of_memory``, which a resume measures again.
     A shape whose inputs do not fit is skipped with a message.
     """
+    spec = registry.get(op)
+    bounds = spec.impl_module().ERROR_BOUNDS
     prov = dict(provenance or {})
     l2 = int(prov.get("l2_bytes") or 50 * 2**20)
     stats = SweepStats()
     plan = []
     for sh in shapes:
-        prob = Problem(sh.m, sh.n, sh.k, sh.dtype)
-        cands = select_candidates(prob, mode, seed, arch)
-        todo = [c for c in cands if not store.done((sh.dtype, sh.m, sh.n, sh.k, c.id))]
+        prob = spec.problem(m=sh.m, n=sh.n, k=sh.k, dtype=sh.dtype)
+        cands = select_candidates(prob, mode, seed, arch, op)
+        todo = [c for c in cands if not store.done(key_of(op, sh, c.id))]
         stats.skipped += len(cands) - len(todo)
         if todo:
             plan.append((sh, prob, todo, len(cands)))
@@ -243,7 +255,7 @@ def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all",
                 break
             phase = stats.phase_seconds
             try:
-                ops, ref = C.operand_sets(prob, seed, l2, device)
+                ops, ref = C.operand_sets(prob, seed, l2, device, op)
             except Exception as exc:  # noqa: BLE001 - only running out of memory skips a shape
                 if not C.is_out_of_memory(exc):
                     raise
@@ -256,7 +268,7 @@ def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all",
             n_copies = len(ops)
             phase["setup"] += time.perf_counter() - t_shape
             base = {
-                "suite": suite, "m": sh.m, "n": sh.n, "k": sh.k, "dtype": sh.dtype,
+                "suite": suite, "op": op, **spec.fixed, "m": sh.m, "n": sh.n, "k": sh.k, "dtype": sh.dtype,
                 "family": sh.family, "origins": ";".join(sh.origins[:8]),
                 "eval_shape": mode == "all", "n_candidates": n_cands, "seed": seed,
                 "l2_policy": L2_POLICY, "n_copies": n_copies, "timer": timer.name, **prov,
@@ -264,7 +276,7 @@ def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all",
             measured_here = 0
             counts: Counter = Counter()
             for cfg in todo:
-                key = (sh.dtype, sh.m, sh.n, sh.k, cfg.id)
+                key = key_of(op, sh, cfg.id)
                 row = {**base, "candidate": cfg.id, "variant": cfg.variant, **config_params(cfg),
                        "status": C.STATUS_OK, "rel_err": float("nan"), "p20_us": float("nan"),
                        "p50_us": float("nan"), "p80_us": float("nan"), "n_samples": 0, "n_inner": 0,
@@ -283,11 +295,11 @@ def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all",
                     bar and bar.update(1)
                     continue
                 store.begin(key, deaths)
-                row.update(measure_candidate(cfg, ops, ref, sh.dtype, timer, key, phase))
+                row.update(measure_candidate(cfg, ops, ref, sh.dtype, timer, key, phase, bounds))
                 if row["status"] == C.STATUS_OUT_OF_MEMORY:
                     # What earlier candidates left reserved, not this config: free and retry once.
                     free_device_memory(timer, device)
-                    row.update(measure_candidate(cfg, ops, ref, sh.dtype, timer, key, phase))
+                    row.update(measure_candidate(cfg, ops, ref, sh.dtype, timer, key, phase, bounds))
                 if row["status"] == C.STATUS_OK:
                     measured_here += 1
                 else:

@@ -38,8 +38,10 @@ def row_is_out_of_memory(row: dict) -> bool:
 
 
 def row_key(row: dict) -> tuple:
-    """Identity of a measurement: (dtype, m, n, k, candidate)."""
-    return (row["dtype"], int(row["m"]), int(row["n"]), int(row["k"]), row["candidate"])
+    """Identity of a measurement: (op, dtype, m, n, k, e, top_k, candidate). Rows of sweeps
+    before the op registry carry no op, E or top_k: dense GEMM rows (gemm, E = 1, top_k = 1)."""
+    return (row.get("op", "gemm"), row["dtype"], int(row["m"]), int(row["n"]), int(row["k"]),
+            int(row.get("e", 1)), int(row.get("top_k", 1)), row["candidate"])
 
 
 class ResultStore:
@@ -73,7 +75,7 @@ class ResultStore:
                     self._retry.add(key)
                 else:
                     self._done.add(key)
-            except (ValueError, KeyError, TypeError, IndexError):
+            except (ValueError, KeyError, TypeError, IndexError, AttributeError):
                 break  # corrupt line: keep everything before it
             good_end = nl + 1
             pos = nl + 1
@@ -128,7 +130,9 @@ class ResultStore:
             if isinstance(marker, list):  # the marker of older sweeps: the key alone
                 marker = {"key": marker, "deaths": 0}
             k = marker["key"]
-            key = (k[0], int(k[1]), int(k[2]), int(k[3]), k[4])
+            if len(k) == 5:  # (dtype, m, n, k, candidate): a dense GEMM before the op registry
+                k = ["gemm", *k[:4], 1, 1, k[4]]
+            key = (k[0], k[1], int(k[2]), int(k[3]), int(k[4]), int(k[5]), int(k[6]), k[7])
             deaths = int(marker.get("deaths", 0)) + 1
         except (ValueError, IndexError, TypeError, KeyError, AttributeError):
             return None

@@ -9,8 +9,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from gemm_costmodel import registry
 from gemm_costmodel.features import PARAMS, VARIANT_CODES
-from gemm_costmodel.kernels import gemm_configs as G
 
 
 def arch_has_fp8(arch: str | None) -> bool | None:
@@ -24,11 +24,12 @@ def arch_has_fp8(arch: str | None) -> bool | None:
 class CandidateTable:
     """Configs of generate_configs(arch, dtype) in a stable order, plus their parameters as arrays."""
 
-    def __init__(self, arch: str, dtype: str):
+    def __init__(self, arch: str, dtype: str, op: str = "gemm"):
         if dtype == "fp8" and arch_has_fp8(arch) is False:
             # generate_configs lists the fp8 configs by shared memory alone; none of them runs here.
             raise ValueError(f"dtype fp8 has no candidates on {arch}: no fp8 tensor cores")
-        self.arch, self.dtype = arch, dtype
+        self.arch, self.dtype, self.op = arch, dtype, op
+        self._space = G = registry.get(op).space_module()
         self.configs = G.generate_configs(arch, dtype)
         self.ids = [c.id for c in self.configs]
         self.index = {cid: i for i, cid in enumerate(self.ids)}
@@ -44,6 +45,7 @@ class CandidateTable:
 
     def feasible_mask(self, m: int, n: int, k: int) -> np.ndarray:
         """Boolean mask of the configs that can run (m, n, k): the rules of check_feasible."""
+        G = self._space
         return G.problem_mask(self._arrays, G.Problem(int(m), int(n), int(k), self.dtype))
 
     def candidate_dicts(self, idx) -> list[dict]:
@@ -52,6 +54,6 @@ class CandidateTable:
 
 
 @lru_cache(maxsize=None)
-def table(arch: str, dtype: str) -> CandidateTable:
-    """The (cached) table of an (arch, dtype)."""
-    return CandidateTable(arch, dtype)
+def table(arch: str, dtype: str, op: str = "gemm") -> CandidateTable:
+    """The (cached) table of an op's (arch, dtype)."""
+    return CandidateTable(arch, dtype, op)

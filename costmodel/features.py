@@ -160,10 +160,21 @@ feature("log2_t_traffic_us", "log2 traffic / HBM bandwidth, us", lambda c: c.onl
 FEATURE_NAMES = tuple(f.name for f in REGISTRY)
 
 
-def schema_hash() -> str:
-    """Hash of the version, the base columns and the feature names, for model manifests."""
-    blob = json.dumps({"version": FEATURE_VERSION, "base": BASE_COLUMNS, "features": FEATURE_NAMES})
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+# Ops whose models predate per-op schema hashes: their hash is the shared one, so the
+# shipped dense model stays valid.
+_SHARED_HASH_OPS = ("gemm",)
+
+
+def schema_hash(op: str = "gemm") -> str:
+    """Hash of the version, the base columns and the feature names, for model manifests;
+    per op: any other op's hash also covers its name and its extra features, so adding
+    an op (or changing its features) never invalidates another op's model."""
+    payload = {"version": FEATURE_VERSION, "base": BASE_COLUMNS, "features": FEATURE_NAMES}
+    if op not in _SHARED_HASH_OPS:
+        from gemm_costmodel import registry
+
+        payload.update(op=op, extra=list(registry.get(op).extra_features))
+    return hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:16]
 
 
 def compute(cols: Mapping[str, np.ndarray]) -> np.ndarray:

@@ -33,17 +33,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from gemm_costmodel import features as F
-from gemm_costmodel import hardware, heuristic
+from gemm_costmodel import hardware, registry
 from gemm_costmodel.candidates import arch_has_fp8
 from gemm_costmodel.candidates import table as candidate_table
-from gemm_costmodel.kernels import gemm_configs as G
 
 DTYPES = ("bf16", "fp16", "fp8")
 # The kernels were written and tested for 32-bit sizes (no int64 casts in their index math): larger
 # problems are refused here rather than risking wrapped offsets.
 MAX_DIM = 2**31 - 1
-# The vendor candidate's id (gemm_configs.VendorConfig): torch.mm, or torch._scaled_mm for fp8.
-VENDOR = G.VendorConfig().id
+# The dense GEMM's vendor candidate (gemm_configs.VendorConfig): torch.mm, or torch._scaled_mm for fp8.
+VENDOR = registry.get("gemm").vendor_ids[0]
 DEFAULT_MODELS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models")
 
 
@@ -229,9 +228,9 @@ def find_models(models_dir: str, op: str, dtype: str, arch: str,
         if man.get("arch") != arch:
             reasons.append(f"{name} is for arch {man.get('arch')}, this GPU is {arch}")
             continue
-        if man.get("feature_schema_hash") != F.schema_hash():
+        if man.get("feature_schema_hash") != F.schema_hash(op):
             reasons.append(f"{name}: feature schema hash {man.get('feature_schema_hash')} != "
-                           f"this code's {F.schema_hash()}")
+                           f"this code's {F.schema_hash(op)}")
             continue
         onnx_path = os.path.join(models_dir, name[:-5] + ".onnx")
         if not os.path.isfile(onnx_path):
@@ -285,6 +284,7 @@ class Dispatcher:
                              f"{gpu_name!r}")
         self.gpu_name = gpu_name
         self.models_dir = models_dir if models_dir is not None else _models_dir()
+        self._op = registry.get(op)  # ValueError naming the known ops
         self.op = op
         self.threads = threads
         self.spec = hardware.lookup(self.gpu_name)
@@ -292,7 +292,8 @@ class Dispatcher:
         self.arch = self.spec.arch if self.spec else (arch_of_capability(capability) if capability else None)
         # The arch whose candidate space this GPU runs, or None: then only the vendor library is offered.
         # Exact match only: sm86/sm89 have less shared memory than the sm80 space assumes.
-        self.space_arch = self.arch if self.arch in G.ARCHS else None
+        archs = self._op.space_module().ARCHS
+        self.space_arch = self.arch if self.arch in archs else None
         # True/False, or None when nothing says (a GPU missing from the table, not the current device).
         self.fp8_supported = (self.spec.tflops_fp8 > 0) if self.spec else arch_has_fp8(self.arch)
         if self.space_arch is not None:
@@ -303,7 +304,7 @@ class Dispatcher:
                                    "COSTMODEL_GPU_SPECS)")
         else:
             self._vendor_reason = (f"{self.gpu_name!r} is {self.arch}: Triton candidate spaces exist only for "
-                                   f"{', '.join(sorted(G.ARCHS))}")
+                                   f"{', '.join(sorted(archs))}")
         self._tuned: dict[tuple, str] = {}
         if tuned_table is not None:
             self.add_tuned_table(tuned_table)
@@ -376,6 +377,12 @@ class Dispatcher:
             with open(table, encoding="utf-8") as fh:
                 table = json.load(fh)
         entries = table.get("entries", table) if isinstance(table, dict) else {}
+        # A table serves one op (its "op" field; dense GEMM when absent); lookups are by this
+        # dispatcher's op, so another op's table never answers here.
+        op = table.get("op", registry.DEFAULT_OP) if isinstance(table, dict) and "entries" in table else \
+            registry.DEFAULT_OP
+        registry.get(op)
+        entries = {k: v for k, v in entries.items() if k != "op"}
         for key, cid in entries.items():
             cid = cid["candidate"] if isinstance(cid, dict) else cid
             try:
@@ -383,7 +390,7 @@ class Dispatcher:
                 m, n, k = (int(v) for v in dims.split("x"))
             except ValueError:
                 raise ValueError(f"tuned table key {key!r}: expected '<dtype>:<M>x<N>x<K>'") from None
-            self._tuned[(m, n, k, dtype, 1, 1)] = str(cid)
+            self._tuned[(op, m, n, k, dtype, 1, 1)] = str(cid)
         with getattr(self, "_lock", threading.Lock()):
             if hasattr(self, "_cache"):
                 self._cache.clear()
@@ -402,7 +409,7 @@ class Dispatcher:
                              f"only candidate; got K={k}, N={n}")
 
     def _feasible(self, m, n, k, dtype):
-        ct = candidate_table(self.space_arch, dtype)
+        ct = candidate_table(self.space_arch, dtype, self.op)
         return ct, np.flatnonzero(ct.feasible_mask(m, n, k))
 
     def _features(self, ct, idx, m, n, k, dtype, e, top_k) -> np.ndarray:
@@ -421,14 +428,15 @@ class Dispatcher:
 
     def _decide(self, m, n, k, dtype, e, top_k, count: int) -> list[Choice]:
         self._check_runnable(n, k, dtype)
-        tuned = self._tuned.get((m, n, k, dtype, e, top_k))
+        tuned = self._tuned.get((self.op, m, n, k, dtype, e, top_k))
         if self.space_arch is None:
             # No candidate space for this arch: the vendor library is the one candidate known to run.
-            if count == 1 and tuned == VENDOR:
-                return [Choice(VENDOR, "table")]
+            vendor = self._op.vendor_ids[0]
+            if count == 1 and tuned == vendor:
+                return [Choice(vendor, "table")]
             self.fallback_reasons.setdefault(dtype, self._vendor_reason)
-            self._warn_once(self._vendor_reason, to=f"the vendor library ({VENDOR})")
-            return [Choice(VENDOR, "vendor")]
+            self._warn_once(self._vendor_reason, to=f"the vendor library ({vendor})")
+            return [Choice(vendor, "vendor")]
         ct, idx = self._feasible(m, n, k, dtype)
         if count == 1 and tuned is not None and tuned in ct.index and np.any(idx == ct.index[tuned]):
             return [Choice(tuned, "table")]
@@ -451,12 +459,12 @@ class Dispatcher:
                 with self._model_lock:
                     self._models[dtype] = None
         sm = self.spec.sm_count if self.spec else 132
-        i = heuristic.choose(m, n, k, sm, ct.candidate_dicts(idx))
+        i = self._op.fallback_rule()(m, n, k, sm, ct.candidate_dicts(idx))
         return [Choice(ct.ids[idx[i]], "heuristic")]
 
     def select(self, m: int, n: int, k: int, dtype: str = "bf16", e: int = 1, top_k: int = 1) -> Choice:
         """The candidate to launch for y (M, N) = x (M, K) @ w (N, K).T. Cached; thread-safe."""
-        key = (m, n, k, dtype, e, top_k)
+        key = (self.op, m, n, k, dtype, e, top_k)
         try:
             hit = self._cache.get(key)
         except TypeError:  # an unhashable argument: check_problem names it below
@@ -470,14 +478,15 @@ class Dispatcher:
                 pass
             return hit
         check_problem(m, n, k, dtype, e, top_k)
+        self._op.check_fixed({"e": e, "top_k": top_k})
         if hit is not None:  # numpy ints equal to a cached key: valid now that they are checked
             try:
                 self._cache.move_to_end(key)
             except KeyError:
                 pass
             return hit
-        key = (int(m), int(n), int(k), dtype, int(e), int(top_k))
-        choice = self._decide(*key, count=1)[0]
+        key = (self.op, int(m), int(n), int(k), dtype, int(e), int(top_k))
+        choice = self._decide(*key[1:], count=1)[0]
         with self._lock:
             self._cache[key] = choice
             if len(self._cache) > self._cache_size:
@@ -489,6 +498,7 @@ class Dispatcher:
         Without a usable model, the heuristic's single choice; without a candidate space for the
         GPU's arch, the vendor's."""
         check_problem(m, n, k, dtype, e, top_k)
+        self._op.check_fixed({"e": e, "top_k": top_k})
         if type(count) is not int or count < 1:
             raise ValueError(f"count must be an int >= 1, got {count!r}")
         return self._decide(int(m), int(n), int(k), dtype, int(e), int(top_k), count=count)

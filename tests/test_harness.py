@@ -42,7 +42,7 @@ def candidates(shape, seed=SEED, mode=MODE):
 
 
 def expected_keys(shapes=SHAPES, seed=SEED):
-    return {(s.dtype, s.m, s.n, s.k, c.id) for s in shapes for c in candidates(s, seed)}
+    return {H.key_of("gemm", s, c.id) for s in shapes for c in candidates(s, seed)}
 
 
 TOTAL = sum(len(candidates(s)) for s in SHAPES)
@@ -126,13 +126,13 @@ def test_full_run_rows_content(baseline):
     by_key = {row_key(r): r for r in rows}
     for s in SHAPES:
         for c in candidates(s):
-            r = by_key[(s.dtype, s.m, s.n, s.k, c.id)]
+            r = by_key[H.key_of("gemm", s, c.id)]
             for field, value in PROVENANCE.items():
                 assert r[field] == value, field
             assert r["status"] == C.STATUS_OK, r["error"]
             assert r["rel_err"] < C.ERROR_BOUNDS[s.dtype]
             assert r["p20_us"] <= r["p50_us"] <= r["p80_us"]
-            assert r["p50_us"] == pytest.approx(latency("|".join(map(str, (s.dtype, s.m, s.n, s.k, c.id)))))
+            assert r["p50_us"] == pytest.approx(latency("|".join(map(str, H.key_of("gemm", s, c.id)))))
             assert r["variant"] == c.variant
             assert r["suite"] == "test" and r["timer"] == "fake" and r["seed"] == SEED
             assert r["family"] == s.origins[0].split("/")[0]
@@ -287,14 +287,14 @@ def test_one_death_inside_a_candidate_is_measured_again(baseline, tmp_path, monk
     """A process killed from outside (SIGKILL, a lease ending) leaves the in-flight marker:
     the candidate is no crash of its own, the resume measures it again."""
     path = tmp_path / "run.jsonl"
-    victim = (SHAPES[1].dtype, SHAPES[1].m, SHAPES[1].n, SHAPES[1].k, candidates(SHAPES[1])[1].id)
+    victim = H.key_of("gemm", SHAPES[1], candidates(SHAPES[1])[1].id)
     with ResultStore(path) as store:
         store.begin(victim)  # a previous process died inside this candidate, once
     with ResultStore(path) as store:
         assert store.died_in() == (victim, 1) and store.crashed_key() is None
     launched = _spy_launches(monkeypatch)
     stats, timer = sweep(path)
-    assert (victim[1], victim[2], victim[3], victim[4]) in launched
+    assert (victim[2], victim[3], victim[4], victim[7]) in launched
     assert timer.calls == TOTAL and stats.failed == 0
     assert same_rows(rows_of(path), baseline[1])
     assert not (tmp_path / "run.jsonl.inflight").exists()
@@ -302,7 +302,7 @@ def test_one_death_inside_a_candidate_is_measured_again(baseline, tmp_path, monk
 
 def test_second_death_inside_a_candidate_records_crash_without_running(baseline, tmp_path, monkeypatch):
     path = tmp_path / "run.jsonl"
-    victim = (SHAPES[1].dtype, SHAPES[1].m, SHAPES[1].n, SHAPES[1].k, candidates(SHAPES[1])[1].id)
+    victim = H.key_of("gemm", SHAPES[1], candidates(SHAPES[1])[1].id)
     with ResultStore(path) as store:
         store.begin(victim, deaths=1)  # measured again after one death, and died again
     assert ResultStore(path).crashed_key() == victim
@@ -316,7 +316,7 @@ def test_second_death_inside_a_candidate_records_crash_without_running(baseline,
     assert crash["status"] == C.STATUS_CRASH
     assert crash["error"] == "the process died while running this candidate (2 times)"
     assert math.isnan(crash["p50_us"]) and crash["gpu_name"] == PROVENANCE["gpu_name"]
-    assert (victim[1], victim[2], victim[3], victim[4]) not in launched
+    assert (victim[2], victim[3], victim[4], victim[7]) not in launched
     assert timer.calls == TOTAL - 1
     assert stats.failed == 1 and stats.measured == TOTAL - 1
     assert sum(r["status"] == C.STATUS_OK for r in rows) == TOTAL - 1
@@ -325,7 +325,7 @@ def test_second_death_inside_a_candidate_records_crash_without_running(baseline,
 
 def test_marker_of_older_sweeps_counts_as_one_death(baseline, tmp_path):
     path = tmp_path / "run.jsonl"
-    victim = (SHAPES[1].dtype, SHAPES[1].m, SHAPES[1].n, SHAPES[1].k, candidates(SHAPES[1])[1].id)
+    victim = H.key_of("gemm", SHAPES[1], candidates(SHAPES[1])[1].id)
     (tmp_path / "run.jsonl.inflight").write_text(json.dumps(list(victim)))
     with ResultStore(path) as store:
         assert store.died_in() == (victim, 1)
@@ -441,7 +441,7 @@ def test_store_ignores_duplicate_append(tmp_path):
     with ResultStore(path) as store:
         store.append(row)
         store.append(dict(row, p50_us=2.0))
-        assert store.keys == {("fp16", 1, 2, 3, "cublas")}
+        assert store.keys == {("gemm", "fp16", 1, 2, 3, 1, 1, "cublas")}  # rows without op: dense GEMM
     with ResultStore(path) as store:
         store.append(row)
     assert rows_of(path) == [row]
@@ -572,7 +572,7 @@ def test_store_non_object_json_line_is_treated_as_corrupt(tmp_path):
     later = dict(good, k=4)
     path.write_text(json.dumps(good) + "\n[1,2]\n" + json.dumps(later) + "\n")
     with ResultStore(path) as store:
-        assert store.keys == {("fp16", 1, 2, 3, "cublas")}
+        assert store.keys == {("gemm", "fp16", 1, 2, 3, 1, 1, "cublas")}
     assert rows_of(path) == [good]
 
 

@@ -177,14 +177,36 @@ def test_tuned_table_exact_hit_wins(model_dir):
     cid = "tiled_m64n128k64_g8_w4s4"
     d = Dispatcher(gpu_name=GPU, models_dir=model_dir, tuned_table={"entries": {"fp16:64x4096x4096": cid}})
     assert d.select(64, 4096, 4096, "fp16") == Choice(cid, "table")
-    # Exact hits only: another M, another dtype or grouped problems go to the model.
+    # Exact hits only: another M or another dtype go to the model.
     assert d.select(65, 4096, 4096, "fp16").source == "model"
     assert d.select(64, 4096, 4096, "fp8").source == "model"
-    assert d.select(64, 4096, 4096, "fp16", e=8, top_k=2).source == "model"
     # A flat table works too, and adding one clears cached decisions.
     assert d.select(32, 4096, 4096, "fp16").source == "model"
     d.add_tuned_table({"fp16:32x4096x4096": "cublas"})
     assert d.select(32, 4096, 4096, "fp16") == Choice("cublas", "table")
+
+
+@pytest.mark.parametrize("kw, field", [(dict(e=8, top_k=2), "E=8"), (dict(e=8), "E=8"), (dict(e=4, top_k=4), "E=4")])
+def test_dense_op_refuses_experts_naming_the_field(model_dir, kw, field):
+    """E and top_k belong to another op: the dense GEMM never silently answers for them."""
+    d = Dispatcher(gpu_name=GPU, models_dir=model_dir)
+    for call in (d.select, d.rank):
+        with pytest.raises(ValueError, match=f"^{field} is not a gemm problem"):
+            call(16, 4096, 4096, "bf16", **kw)
+    assert d.cache_info()["entries"] == 0  # nothing cached for them
+
+
+def test_unknown_op_names_the_known_ones():
+    with pytest.raises(ValueError, match=r"unknown op 'moe'; known ops: gemm"):
+        Dispatcher(gpu_name=GPU, op="moe")
+
+
+def test_tuned_table_of_another_op_never_answers(model_dir):
+    cid = "tiled_m64n128k64_g8_w4s4"
+    d = Dispatcher(gpu_name=GPU, models_dir=model_dir, tuned_table={"op": "gemm", "entries": {"fp16:64x4096x4096": cid}})
+    assert d.select(64, 4096, 4096, "fp16") == Choice(cid, "table")
+    with pytest.raises(ValueError, match="unknown op 'moe'"):
+        d.add_tuned_table({"op": "moe", "entries": {"fp16:64x4096x4096": cid}})
 
 
 def test_infeasible_or_unknown_table_entries_are_ignored(model_dir):

@@ -1,0 +1,121 @@
+"""The op registry: every operation the dispatcher serves is ONE ``OpSpec`` entry.
+
+An entry names where each concern of its op lives; everything op-agnostic (the
+harness and its store, the dataset, features, training, evaluation, export, the
+runtime, the CLI) asks the registry instead of importing an op's modules:
+
+- ``space``: a torch-free module with the op's frozen ``Problem`` type, its config
+  dataclasses with stable string ids (``config_from_id``), ``generate_configs(arch,
+  dtype)`` and the ONE source of per-problem feasibility (``PROBLEM_RULES``, applied to
+  a whole space by ``problem_mask`` and to one config by ``check_feasible``);
+- ``impl``: the kernel implementation, imported lazily (torch, triton): ``launch``,
+  ``reference``, ``check_operands``, ``make_operands``, ``ERROR_BOUNDS``;
+- ``problem_fields`` (the dataset columns of a problem) and ``fixed`` (fields the op
+  pins, e.g. a dense GEMM has E = 1 and top_k = 1: anything else is another op);
+- ``vendor_ids``, the ``fallback`` decision rule, the held-out ``split_key``, the
+  ``suites`` of shapes, and ``extra_features`` (added to the shared feature list; they
+  enter the op's schema hash, so a new op never invalidates another op's model).
+
+Adding an op: a folder of its own under kernels/ (space + implementation), a suite
+function, and one line in ``REGISTRY`` below; see README "Adding an op".
+
+Torch-free (the serving path imports it): modules named here are imported on use.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Callable
+
+
+def _resolve(path: str):
+    """'package.module:attr' -> the attribute (imported on first use)."""
+    module, _, attr = path.partition(":")
+    obj = importlib.import_module(module)
+    return getattr(obj, attr) if attr else obj
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One operation the product dispatches; see the module doc for each field."""
+
+    name: str
+    dtypes: tuple[str, ...]
+    space: str
+    impl: str
+    problem_fields: tuple[str, ...]
+    fixed: dict = field(default_factory=dict)
+    vendor_ids: tuple[str, ...] = ()
+    fallback: str = ""
+    split_key: tuple[str, ...] = ("n", "k")
+    suites: dict = field(default_factory=dict)
+    extra_features: tuple[str, ...] = ()
+
+    # -- the space (torch-free) ---------------------------------------------------------
+    def space_module(self) -> ModuleType:
+        return importlib.import_module(self.space)
+
+    def problem(self, **fields):
+        """The op's Problem from its fields (dataset column names); fixed fields are checked
+        and dropped, so a dense GEMM given E = 8 raises a ValueError naming E."""
+        self.check_fixed(fields)
+        kw = {k: v for k, v in fields.items() if k not in self.fixed}
+        return self.space_module().Problem(**kw)
+
+    def check_fixed(self, fields: dict) -> None:
+        """ValueError naming the first field that differs from the value the op pins."""
+        for f, want in self.fixed.items():
+            if f in fields and fields[f] != want:
+                label = {"e": "E"}.get(f, f)
+                raise ValueError(f"{label}={fields[f]!r} is not a {self.name} problem ({self.name} has {label} = "
+                                 f"{want}); expert-parallel GEMMs are another op")
+
+    def configs(self, arch: str, dtype: str, include_vendor: bool = True) -> list:
+        return self.space_module().generate_configs(arch, dtype, include_vendor)
+
+    def config_from_id(self, cid: str):
+        return self.space_module().config_from_id(cid)
+
+    def check_feasible(self, cfg, problem, arch: str = "sm90") -> tuple[bool, str]:
+        return self.space_module().check_feasible(cfg, problem, arch)
+
+    def feasible_configs(self, problem, arch: str = "sm90", include_vendor: bool = True) -> list:
+        return self.space_module().feasible_configs(problem, arch, include_vendor)
+
+    # -- decisions without a model ---------------------------------------------------
+    def fallback_rule(self) -> Callable:
+        return _resolve(self.fallback)
+
+    def suite(self, name: str, dtype: str) -> list:
+        if name not in self.suites:
+            raise ValueError(f"op {self.name} has no suite {name!r}; it has: {', '.join(sorted(self.suites))}")
+        return _resolve(self.suites[name])(dtype)
+
+    # -- the implementation (torch, triton: lazily) -----------------------------------
+    def impl_module(self) -> ModuleType:
+        return importlib.import_module(self.impl)
+
+
+# One line per op.
+REGISTRY: dict[str, OpSpec] = {
+    "gemm": OpSpec(
+        name="gemm", dtypes=("bf16", "fp16", "fp8"),
+        space="gemm_costmodel.kernels.gemm_configs", impl="gemm_costmodel.kernels.gemm_op",
+        problem_fields=("m", "n", "k", "dtype"), fixed={"e": 1, "top_k": 1}, vendor_ids=("cublas",),
+        fallback="gemm_costmodel.heuristic:choose", split_key=("n", "k"),
+        suites={"foundation": "gemm_costmodel.shapes:foundation_suite",
+                "train": "gemm_costmodel.shapes:training_suite"}),
+}
+DEFAULT_OP = "gemm"
+
+
+def get(name: str) -> OpSpec:
+    """The registered op of this name; a ValueError lists the known ones."""
+    if not isinstance(name, str) or name not in REGISTRY:
+        raise ValueError(f"unknown op {name!r}; known ops: {', '.join(sorted(REGISTRY))}")
+    return REGISTRY[name]
+
+
+def names() -> list[str]:
+    return sorted(REGISTRY)
