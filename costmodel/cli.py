@@ -17,19 +17,17 @@ def _fail(msg: str) -> int:
 
 
 def _shapes_from_args(args):
+    from gemm_costmodel import registry
     from gemm_costmodel import shapes as S
 
+    spec = registry.get(args.op)
     out = []
     for dtype in args.dtype:
         if args.shapes:
             out += [s for s in S.read_shape_csv(args.shapes, default_dtype=dtype)
                     if s.dtype == dtype or len(args.dtype) == 1]
-        elif args.suite == "foundation":
-            out += S.foundation_suite(dtype)
-        elif args.suite == "train":
-            out += S.training_suite(dtype)
         else:
-            raise ValueError(f"unknown suite {args.suite!r}")
+            out += spec.suite(args.suite, dtype)
     out = list(dict.fromkeys(out))
     if getattr(args, "only", None):
         # Re-measuring chosen shapes of a suite keeps their origins (and so their family).
@@ -45,9 +43,9 @@ def _shapes_from_args(args):
 def cmd_bench(args) -> int:
     import torch
 
+    from gemm_costmodel import registry
     from gemm_costmodel.benchmarks import harness, precompile, provenance, timing
     from gemm_costmodel.benchmarks.store import ResultStore
-    from gemm_costmodel.kernels.gemm_configs import Problem
 
     try:
         shard = harness.parse_shard(args.shard)
@@ -76,15 +74,16 @@ def cmd_bench(args) -> int:
 
     try:
         with ResultStore(path) as store:
-            if args.precompile:
+            if args.precompile and args.op == "gemm":  # the parallel precompile knows the dense kernels
+                spec = registry.get(args.op)
                 todo = []
                 for s in mine:
-                    p = Problem(s.m, s.n, s.k, s.dtype)
-                    todo.append((p, harness.select_candidates(p, args.mode, args.seed, args.arch)))
+                    p = spec.problem(m=s.m, n=s.n, k=s.k, dtype=s.dtype)
+                    todo.append((p, harness.select_candidates(p, args.mode, args.seed, args.arch, args.op)))
                 precompile.precompile(todo, workers=args.workers, log=lambda m: print(m, file=sys.stderr))
             stats = harness.run_sweep(mine, store, timer, mode=args.mode, seed=args.seed, arch=args.arch,
                                       provenance=prov, suite=args.name, progress=not args.quiet,
-                                      time_budget_s=args.time_budget or None, on_shape=log_shape)
+                                      time_budget_s=args.time_budget or None, on_shape=log_shape, op=args.op)
     except KeyboardInterrupt:
         print(f"costmodel: stopped; {path} keeps every finished row, rerun the same command to resume",
               file=sys.stderr)
@@ -164,12 +163,13 @@ def cmd_summarize(args) -> int:
 def cmd_configs(args) -> int:
     from collections import Counter
 
-    from gemm_costmodel.kernels.gemm_configs import generate_configs
+    from gemm_costmodel import registry
 
+    spec = registry.get(args.op)
     for dtype in args.dtype:
-        cfgs = generate_configs(args.arch, dtype)
+        cfgs = spec.configs(args.arch, dtype)
         by = Counter(c.variant for c in cfgs)
-        print(f"{args.arch} {dtype}: {len(cfgs)} candidates ({', '.join(f'{k} {v}' for k, v in by.items())})")
+        print(f"{args.op} {args.arch} {dtype}: {len(cfgs)} candidates ({', '.join(f'{k} {v}' for k, v in by.items())})")
     return 0
 
 
@@ -243,7 +243,7 @@ def _load_frame(args):
     from gemm_costmodel.pipeline import load_training_frame
 
     return load_training_frame(args.data or None, root=args.root, dtypes=args.dtype, arch=args.arch,
-                               gpus=args.gpu)
+                               gpus=args.gpu, op=args.op)
 
 
 def _config_and_frame(args):
@@ -290,7 +290,9 @@ def cmd_train(args) -> int:
         print(f"booster: {args.booster}")
     if not args.no_export:
         pipeline.export_model(model, df, args.out, arch=args.arch, metrics=getattr(args, "metrics_out", None))
-        companion = os.path.join(args.out, "gemm-" + args.arch + "-latency")
+        from gemm_costmodel.runtime import model_name
+
+        companion = os.path.join(args.out, model_name(args.op, args.arch, "latency"))
         if lat is not None:
             # rank() reports predicted latencies: a small log-latency model annotates the top k.
             pipeline.export_model(lat, df, args.out, arch=args.arch, role="latency")
@@ -303,7 +305,6 @@ def cmd_train(args) -> int:
 
 def cmd_export(args) -> int:
     from gemm_costmodel import export as X
-    from gemm_costmodel.kernels.gemm_configs import generate_configs, space_hash
     from gemm_costmodel.model import CostModel, TrainConfig
 
     side_path = args.booster + ".train.json"
@@ -322,12 +323,13 @@ def cmd_export(args) -> int:
         model.shortlist_ = {int(b): ids for b, ids in (side.get("shortlist") or {}).items()} or None
         from gemm_costmodel import features as F
 
-        if side["schema_hash"] != F.schema_hash():
-            return _fail(f"{args.booster}: feature schema {side['schema_hash']} != this code's {F.schema_hash()}; retrain")
+        if side["schema_hash"] != F.schema_hash(args.op):
+            return _fail(f"{args.booster}: feature schema {side['schema_hash']} != this code's "
+                         f"{F.schema_hash(args.op)} for op {args.op}; retrain")
     except (OSError, ValueError, KeyError, TypeError, xgb.core.XGBoostError) as exc:
         return _fail(f"{args.booster}: unreadable booster: {exc}")
-    spaces = {d: space_hash(generate_configs(args.arch, d)) for d in side["dtypes"]}
-    onnx_path, man = X.export(model, args.out, "gemm", side["dtypes"], args.arch, spaces,
+    spaces = X.space_hashes(args.op, args.arch, side["dtypes"])
+    onnx_path, man = X.export(model, args.out, args.op, side["dtypes"], args.arch, spaces,
                               side["training_data_hash"], gpus=side["gpus"])
     print(f"export: {onnx_path}, manifest {man}")
     return 0
@@ -410,7 +412,7 @@ def cmd_select(args) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:  # a bad --gpu or COSTMODEL_GPU_SPECS fails at construction, a bad problem at rank
-            d = Dispatcher(gpu_name=args.gpu, models_dir=args.models)
+            d = Dispatcher(gpu_name=args.gpu, models_dir=args.models, op=args.op)
             choices = d.rank(args.m, args.n, args.k, args.dtype, count=args.top)
         except ValueError as exc:
             return _fail(str(exc))
@@ -422,9 +424,17 @@ def cmd_select(args) -> int:
     return 0
 
 
+def _op_arg(p) -> None:
+    from gemm_costmodel import registry  # torch-free
+
+    p.add_argument("--op", default=registry.DEFAULT_OP, choices=registry.names(),
+                   help=f"operation (op registry; default {registry.DEFAULT_OP})")
+
+
 def _model_args(p, report: bool = False, train: bool = False) -> None:
     from gemm_costmodel.model import TrainConfig  # numpy only: no training dependency at parse time
 
+    _op_arg(p)
     p.add_argument("--data", nargs="*", help="data files (default: all parquet under --root)")
     p.add_argument("--root", default="datasets")
     p.add_argument("--dtype", nargs="+", default=None, choices=["bf16", "fp16", "fp8"], help="default: all")
@@ -456,6 +466,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     b = sub.add_parser("bench", help="measure (shape, candidate) latencies on the GPU")
+    _op_arg(b)
     src = b.add_mutually_exclusive_group()
     src.add_argument("--suite", default="foundation", choices=["foundation", "train"])
     src.add_argument("--shapes", help="CSV with columns M,N,K[,dtype]")
@@ -501,6 +512,7 @@ def build_parser() -> argparse.ArgumentParser:
     im.set_defaults(func=cmd_import)
 
     c = sub.add_parser("configs", help="count the candidate space")
+    _op_arg(c)
     c.add_argument("--dtype", nargs="+", default=["bf16", "fp16", "fp8"])
     c.add_argument("--arch", default="sm90")
     c.set_defaults(func=cmd_configs)
@@ -514,12 +526,14 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_evaluate)
 
     x = sub.add_parser("export", help="export a saved booster (costmodel train --booster) to ONNX")
+    _op_arg(x)
     x.add_argument("booster")
     x.add_argument("--out", default="models")
     x.add_argument("--arch", default="sm90")
     x.set_defaults(func=cmd_export)
 
     q = sub.add_parser("select", help="what the dispatcher picks for one problem (y = x @ w.T, x MxK, w NxK)")
+    _op_arg(q)
     q.add_argument("m", type=int)
     q.add_argument("n", type=int)
     q.add_argument("k", type=int)

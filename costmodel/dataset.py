@@ -360,23 +360,26 @@ def demote_oom_eval_shapes(df: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple]]
 
 
 def demote_incomplete_eval_shapes(df: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple]]:
-    """Clear ``eval_shape`` on dense harness shapes missing some feasible candidate.
+    """Clear ``eval_shape`` on harness shapes missing some feasible candidate of their op.
 
     A sweep stopped mid-shape leaves an evaluation shape whose oracle is not
     exact; so does a later change of the config space. Such a shape keeps its
     rows as training data until a resumed sweep completes it. Returns the frame
     and the demoted (gpu_name, dtype, m, n, k) keys.
     """
-    from gemm_costmodel.kernels.gemm_configs import Problem, feasible_configs
+    from gemm_costmodel import registry
 
-    sel = df["eval_shape"].astype(bool) & (df["op"] == "gemm") & (df["source"] == "harness")
+    sel = (df["eval_shape"].astype(bool) & df["op"].astype(str).isin(registry.names())
+           & (df["source"] == "harness"))
     if not sel.any():
         return df, []
-    keys = ["arch", "gpu_name", "dtype", "m", "n", "k"]
+    keys = ["op", "arch", "gpu_name", "dtype", "m", "n", "k", "e", "top_k"]
     demoted = []
-    for (arch, gpu, dtype, m, n, k), present in df[sel].groupby(keys, observed=True)["candidate"]:
+    for (op, arch, gpu, dtype, m, n, k, e, top_k), present in df[sel].groupby(keys, observed=True)["candidate"]:
+        spec = registry.get(str(op))
         try:
-            expected = {c.id for c in feasible_configs(Problem(int(m), int(n), int(k), str(dtype)), str(arch))}
+            problem = spec.problem(m=int(m), n=int(n), k=int(k), dtype=str(dtype), e=int(e), top_k=int(top_k))
+            expected = {c.id for c in spec.feasible_configs(problem, str(arch))}
         except (KeyError, ValueError):
             continue  # an arch or dtype without a generated space: nothing to compare with
         if not expected <= set(present):
@@ -393,7 +396,7 @@ def _status_rank(status: str) -> tuple:
 
 
 def build_parquet(raw_paths, out_root: str = "datasets", log=None) -> list[str]:
-    """Convert harness shards (JSONL[.gz]) to parquet under out_root/<dtype>/, split to stay < 50 MB.
+    """Convert harness shards (JSONL[.gz]) to parquet under out_root/<op>/<dtype>/, split to stay < 50 MB.
 
     Evaluation shapes that miss a feasible candidate or have an out-of-memory row
     are stored as training shapes (``demote_incomplete_eval_shapes``,
@@ -423,8 +426,8 @@ def build_parquet(raw_paths, out_root: str = "datasets", log=None) -> list[str]:
             log(f"{raw}: {len(demoted)} incomplete evaluation shape(s) stored as training shapes: "
                 + ", ".join(f"{d}:{m}x{n}x{k}" for _, d, m, n, k in demoted[:5]))
         stem = Path(raw).name.replace(".jsonl.gz", "").replace(".jsonl", "")
-        for dtype, part in df.groupby("dtype", observed=True):
-            folder = Path(out_root) / dtype
+        for (op, dtype), part in df.groupby(["op", "dtype"], observed=True):
+            folder = Path(out_root) / str(op) / str(dtype)  # datasets/<op>/<dtype>/
             folder.mkdir(parents=True, exist_ok=True)
             # Rows compress to ~20-40 bytes in parquet; 500k rows per file stays well under 50 MB.
             chunks = max(1, math.ceil(len(part) / 500_000))

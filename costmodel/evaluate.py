@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from gemm_costmodel import features as F
-from gemm_costmodel import hardware, heuristic
+from gemm_costmodel import hardware, registry
 from gemm_costmodel.datacard import DEFAULT_CONFIG, geomean  # noqa: F401 - geomean is part of this API
 from gemm_costmodel.model import SHAPE_COLS, CostModel, TrainConfig, training_rows
 
@@ -39,6 +39,19 @@ def families_of(origins: str) -> set[str]:
 
 # -- metrics -------------------------------------------------------------------
 
+def op_of(df: pd.DataFrame) -> registry.OpSpec:
+    """The registered op of a frame's rows (one op per evaluation; dense GEMM if no op column)."""
+    ops = sorted(df["op"].astype(str).unique()) if "op" in df.columns and len(df) else [registry.DEFAULT_OP]
+    if len(ops) != 1:
+        raise ValueError(f"one op per evaluation, got rows of {', '.join(ops)}")
+    return registry.get(ops[0])
+
+
+def vendor_id(df: pd.DataFrame) -> str:
+    """The op's vendor candidate (the 'cublas' method and columns of the metrics)."""
+    return op_of(df).vendor_ids[0]
+
+
 def per_shape(ev: pd.DataFrame, score: np.ndarray) -> pd.DataFrame:
     """One row per evaluation shape: the pick, its slowdown vs the oracle, and top-k facts.
 
@@ -56,10 +69,11 @@ def per_shape(ev: pd.DataFrame, score: np.ndarray) -> pd.DataFrame:
     out["oracle_pos"] = t[is_best].groupby("sid")["pos"].min()
     for k in TOPK:
         out[f"top{k}_us"] = t[t["pos"] < k].groupby("sid")["p50_us"].min()
-    cub = ev[ev["candidate"] == "cublas"].set_index("sid")["p50_us"]
+    vendor = vendor_id(ev)
+    cub = ev[ev["candidate"] == vendor].set_index("sid")["p50_us"]
     out["cublas_us"] = cub.reindex(out.index)
     # The Triton-only view: the method's best-ranked Triton config against the best Triton config.
-    tri = t[t["candidate"] != "cublas"]
+    tri = t[t["candidate"] != vendor]
     out["triton_pick_us"] = tri.groupby("sid")["p50_us"].first().reindex(out.index)
     out["triton_oracle_us"] = tri.groupby("sid")["p50_us"].min().reindex(out.index)
     meta = ev.drop_duplicates("sid").set_index("sid")[["gpu_name", "dtype", "m", "n", "k", "family", "origins"]]
@@ -119,11 +133,12 @@ def loss_breakdown(ps: pd.DataFrame) -> dict:
 def _fallback_rank(ev: pd.DataFrame) -> np.ndarray:
     """Heuristic pick first (0), everything else after (1): the rank when a baseline has no answer."""
     out = np.ones(len(ev))
+    choose = op_of(ev).fallback_rule()
     for sid, g in ev.groupby("sid"):
         r = g.iloc[0]
         sm = hardware.spec_for(str(r["gpu_name"])).sm_count
         cands = g[["variant", *F.PARAMS]].astype({"variant": str}).to_dict("records")
-        out[g.index[heuristic.choose(int(r["m"]), int(r["n"]), int(r["k"]), sm, cands)]] = 0
+        out[g.index[choose(int(r["m"]), int(r["n"]), int(r["k"]), sm, cands)]] = 0
     return out
 
 
@@ -169,10 +184,12 @@ def nn_pick(table: pd.DataFrame, gpu: str, dtype: str, m: int, n: int, k: int) -
 def baseline_scores(ev: pd.DataFrame, train: pd.DataFrame) -> dict[str, np.ndarray]:
     """Scores of every baseline on the evaluation rows, each fitted on the training frame only."""
     out = {"oracle": ev["p50_us"].to_numpy(dtype=np.float64)}
-    out["cublas"] = np.where(ev["candidate"] == "cublas", 0.0, 1.0)
-    if not (ev["candidate"] == "cublas").groupby(ev["sid"]).any().all():
-        out["cublas"] = _pick_score(ev, pd.Series("cublas", index=ev["sid"].unique()))
-    out["default"] = _pick_score(ev, pd.Series(DEFAULT_CONFIG, index=ev["sid"].unique()))
+    spec = op_of(ev)
+    vendor = spec.vendor_ids[0]
+    out["cublas"] = np.where(ev["candidate"] == vendor, 0.0, 1.0)
+    if not (ev["candidate"] == vendor).groupby(ev["sid"]).any().all():
+        out["cublas"] = _pick_score(ev, pd.Series(vendor, index=ev["sid"].unique()))
+    out["default"] = _pick_score(ev, pd.Series(spec.default_config, index=ev["sid"].unique()))
     train_ev = eval_rows(train)
     if len(train_ev):
         rank = static_ranking(train_ev)

@@ -65,6 +65,14 @@ def data_hash(df) -> str:
     return hashlib.sha256("\n".join(t).encode()).hexdigest()[:16]
 
 
+def space_hashes(op: str, arch: str, dtypes) -> dict[str, str]:
+    """Hash of the op's candidate space per dtype, for the manifest."""
+    from gemm_costmodel import registry
+
+    spec = registry.get(op)
+    return {d: spec.space_module().space_hash(spec.configs(arch, d)) for d in dtypes}
+
+
 def export(model, out_dir: str, op: str, dtypes: list[str], arch: str, space_hashes: dict[str, str],
            training_data_hash: str, metrics: dict | None = None, gpus: list[str] | None = None,
            role: str = "decision") -> tuple[str, str]:
@@ -88,7 +96,7 @@ def export(model, out_dir: str, op: str, dtypes: list[str], arch: str, space_has
         "score_sign": -1.0 if model.config.formulation == "rank" else 1.0,
         "predicts_log2_latency_us": model.config.formulation == "log_latency",
         "input_name": INPUT_NAME,
-        "feature_schema_hash": F.schema_hash(),
+        "feature_schema_hash": F.schema_hash(op),
         "feature_names": list(F.FEATURE_NAMES),
         "config_space_hash": dict(space_hashes),
         "training_data_hash": training_data_hash,

@@ -149,7 +149,12 @@ class CostModel:
                                   callbacks=callbacks)
         self.shortlist_ = self._shortlist(training_rows(df, stable_only=False))
         self.feature_names_ = F.FEATURE_NAMES
-        self.schema_hash_ = F.schema_hash()
+        # The op's schema (one op per model; rows without an op column are dense GEMM rows).
+        ops = sorted(df["op"].astype(str).unique()) if "op" in df.columns else ["gemm"]
+        if len(ops) != 1:
+            raise ValueError(f"one op per model, got rows of {', '.join(ops)}")
+        self.op_ = ops[0]
+        self.schema_hash_ = F.schema_hash(self.op_)
         self.n_rows_ = int(len(rows))
         self.n_shapes_ = int(len(np.unique(shape_ids(rows))))
         return self

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from gemm_costmodel import dataset as D
+from gemm_costmodel import registry
 from gemm_costmodel import evaluate as E
 from gemm_costmodel import hardware
 from gemm_costmodel.model import CostModel, TrainConfig, training_rows
@@ -28,17 +29,18 @@ def _print(msg: str) -> None:
 
 
 def load_training_frame(paths=None, root: str = "datasets", dtypes=None, arch: str = "sm90",
-                        gpus=None) -> pd.DataFrame:
-    """Dense-GEMM harness rows of one arch (optionally some dtypes / GPUs), validated. Raises DataError."""
+                        gpus=None, op: str = "gemm") -> pd.DataFrame:
+    """Harness rows of one op and arch (optionally some dtypes / GPUs), validated. Raises DataError."""
+    registry.get(op)
     df = D.load_dataset(paths, root=root)
-    keep = (df["op"] == "gemm") & (df["source"] == "harness") & (df["arch"].astype(str) == arch)
+    keep = (df["op"] == op) & (df["source"] == "harness") & (df["arch"].astype(str) == arch)
     if dtypes:
         keep &= df["dtype"].astype(str).isin(list(dtypes))
     if gpus:
         keep &= df["gpu_name"].astype(str).isin(list(gpus))
     out = df[keep]
     if out.empty:
-        raise D.DataError(f"no dense GEMM harness rows for arch {arch}"
+        raise D.DataError(f"no {op} harness rows for arch {arch}"
                           + (f", dtypes {', '.join(dtypes)}" if dtypes else "")
                           + (f", GPUs {', '.join(gpus)}" if gpus else ""))
     if not (out["status"] == "ok").any():
@@ -138,11 +140,11 @@ def export_model(model: CostModel, df: pd.DataFrame, out_dir: str, arch: str = "
                  metrics: dict | None = None, log: Log = _print, role: str = "decision") -> tuple[str, str]:
     """ONNX + manifest for the model, serving every dtype it was trained on."""
     from gemm_costmodel import export as X
-    from gemm_costmodel.kernels.gemm_configs import generate_configs, space_hash
 
+    op = getattr(model, "op_", registry.DEFAULT_OP)
     dtypes = sorted(df["dtype"].unique())
-    spaces = {d: space_hash(generate_configs(arch, d)) for d in dtypes}
-    onnx_path, man_path = X.export(model, out_dir, op="gemm", dtypes=dtypes, arch=arch, space_hashes=spaces,
+    spaces = X.space_hashes(op, arch, dtypes)
+    onnx_path, man_path = X.export(model, out_dir, op=op, dtypes=dtypes, arch=arch, space_hashes=spaces,
                                    training_data_hash=X.data_hash(df), metrics=metrics,
                                    gpus=sorted(df["gpu_name"].unique()), role=role)
     log(f"export: {onnx_path} ({os.path.getsize(onnx_path) / 1e6:.2f} MB), manifest {man_path}")

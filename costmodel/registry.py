@@ -12,7 +12,8 @@ runtime, the CLI) asks the registry instead of importing an op's modules:
   ``reference``, ``check_operands``, ``make_operands``, ``ERROR_BOUNDS``;
 - ``problem_fields`` (the dataset columns of a problem) and ``fixed`` (fields the op
   pins, e.g. a dense GEMM has E = 1 and top_k = 1: anything else is another op);
-- ``vendor_ids``, the ``fallback`` decision rule, the held-out ``split_key``, the
+- ``vendor_ids``, the ``default_config`` (what an untuned user runs: a baseline), the
+  ``fallback`` decision rule, the held-out ``split_key``, the
   ``suites`` of shapes, and ``extra_features`` (added to the shared feature list; they
   enter the op's schema hash, so a new op never invalidates another op's model).
 
@@ -47,6 +48,7 @@ class OpSpec:
     problem_fields: tuple[str, ...]
     fixed: dict = field(default_factory=dict)
     vendor_ids: tuple[str, ...] = ()
+    default_config: str = ""
     fallback: str = ""
     split_key: tuple[str, ...] = ("n", "k")
     suites: dict = field(default_factory=dict)
@@ -103,7 +105,7 @@ REGISTRY: dict[str, OpSpec] = {
         name="gemm", dtypes=("bf16", "fp16", "fp8"),
         space="gemm_costmodel.kernels.gemm_configs", impl="gemm_costmodel.kernels.gemm_op",
         problem_fields=("m", "n", "k", "dtype"), fixed={"e": 1, "top_k": 1}, vendor_ids=("cublas",),
-        fallback="gemm_costmodel.heuristic:choose", split_key=("n", "k"),
+        default_config="tiled_m128n128k64_g8_w4s3", fallback="gemm_costmodel.heuristic:choose", split_key=("n", "k"),
         suites={"foundation": "gemm_costmodel.shapes:foundation_suite",
                 "train": "gemm_costmodel.shapes:training_suite"}),
 }

@@ -13,8 +13,8 @@ import pytest
 from gemm_costmodel import features as F
 from gemm_costmodel.cli import main as cli_main
 
-EVAL = "datasets/fp8/eval-fp8-shard01of40.parquet"
-TRAIN = "datasets/fp8/train-fp8-shard00of16.parquet"
+EVAL = "datasets/gemm/fp8/eval-fp8-shard01of40.parquet"
+TRAIN = "datasets/gemm/fp8/train-fp8-shard00of16.parquet"
 FP8 = [EVAL, TRAIN]
 # Few trees, one xgboost thread (OpenMP spins when the CPUs are shared).
 SMALL = ["--trees", "20", "--depth", "4", "--jobs", "1"]

@@ -390,7 +390,7 @@ def test_build_reports_sweep_health_and_demotes_oom_shapes(tmp_path, capsys):
     assert err[-1] == "all 2 shards: rows by status: ok 3, compile_error 1, out_of_memory 1"
     # m=33 lacks most feasible candidates too, so it is stored as an incomplete shape.
     assert any("1 incomplete evaluation shape(s) stored as training shapes: bf16:33x96x64" in line for line in err)
-    df = pd.read_parquet(tmp_path / "ds" / "bf16" / "eval-bf16-shard01of40.parquet")
+    df = pd.read_parquet(tmp_path / "ds" / "gemm" / "bf16" / "eval-bf16-shard01of40.parquet")
     assert len(df) == 4 and not df["eval_shape"].any()
 
 

@@ -11,7 +11,7 @@ from gemm_costmodel import evaluate as E
 from gemm_costmodel.model import TrainConfig
 from gemm_costmodel.pipeline import load_training_frame
 
-FP8 = ["datasets/fp8/eval-fp8-shard01of40.parquet", "datasets/fp8/train-fp8-shard00of16.parquet"]
+FP8 = ["datasets/gemm/fp8/eval-fp8-shard01of40.parquet", "datasets/gemm/fp8/train-fp8-shard00of16.parquet"]
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from gemm_costmodel.model import FORMULATIONS, SHORTLIST_EDGES, CostModel, Train
 ort = pytest.importorskip("onnxruntime")
 xgb = pytest.importorskip("xgboost")
 
-FP8 = ["datasets/fp8/eval-fp8-shard01of40.parquet", "datasets/fp8/train-fp8-shard00of16.parquet"]
+FP8 = ["datasets/gemm/fp8/eval-fp8-shard01of40.parquet", "datasets/gemm/fp8/train-fp8-shard00of16.parquet"]
 SMALL = TrainConfig(formulation="log_latency", n_estimators=20, max_depth=4, n_jobs=1)
 TOL = 1e-5
 

@@ -13,7 +13,7 @@ from gemm_costmodel.model import (FORMULATIONS, SHORTLIST_EDGES, CostModel, Trai
                                   targets, training_rows)
 from gemm_costmodel.pipeline import load_training_frame
 
-FP8 = ["datasets/fp8/eval-fp8-shard01of40.parquet", "datasets/fp8/train-fp8-shard00of16.parquet"]
+FP8 = ["datasets/gemm/fp8/eval-fp8-shard01of40.parquet", "datasets/gemm/fp8/train-fp8-shard00of16.parquet"]
 # n_jobs=1: OpenMP threads spin when the CPUs are shared, which makes 2 threads far slower than 1.
 SMALL = TrainConfig(formulation="log_latency", n_estimators=20, max_depth=4, n_jobs=1)
 

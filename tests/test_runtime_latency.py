@@ -10,7 +10,7 @@ from gemm_costmodel.pipeline import LATENCY_COMPANION, export_model, load_traini
 from gemm_costmodel.runtime import Dispatcher
 
 H100 = "NVIDIA H100 80GB HBM3"
-DATA = ["datasets/fp8/eval-fp8-shard01of40.parquet"]
+DATA = ["datasets/gemm/fp8/eval-fp8-shard01of40.parquet"]
 
 
 @pytest.fixture(scope="module")
