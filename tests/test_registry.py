@@ -1,0 +1,105 @@
+"""Contract of the op registry: what every op, for every dtype, must satisfy. A new op's
+registry line makes these tests cover it."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gemm_costmodel import registry
+from gemm_costmodel.candidates import table
+
+CASES = [(name, dtype) for name in registry.names() for dtype in registry.get(name).dtypes]
+ARCHS = ("sm90", "sm80")
+
+
+def _problem(spec, m, n, k, dtype):
+    return spec.problem(**{f: v for f, v in dict(m=m, n=n, k=k, dtype=dtype).items() if f in spec.problem_fields})
+
+
+@pytest.mark.parametrize("op, dtype", CASES)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_config_ids_round_trip_and_are_unique(op, dtype, arch):
+    spec = registry.get(op)
+    cfgs = spec.configs(arch, dtype)
+    ids = [c.id for c in cfgs]
+    assert len(ids) == len(set(ids)) and len(ids) > 0
+    assert all(spec.config_from_id(cid) == c for cid, c in zip(ids, cfgs))
+    for vid in spec.vendor_ids:
+        assert vid in ids or dtype == "fp32"
+    assert spec.default_config in ids
+    with pytest.raises(ValueError, match="unknown config id"):
+        spec.config_from_id("no_such_config")
+
+
+@pytest.mark.parametrize("op, dtype", CASES)
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(1, 20000), n=st.integers(1, 80000), k=st.integers(1, 40000))
+def test_vectorised_mask_is_check_feasible(op, dtype, m, n, k):
+    """The runtime's mask and check_feasible are one rule list: they agree config by config."""
+    spec = registry.get(op)
+    t = table("sm90", dtype, op)
+    problem = _problem(spec, m, n, k, dtype)
+    mask = t.feasible_mask(m, n, k)
+    one_by_one = np.array([spec.check_feasible(c, problem, "sm90")[0] for c in t.configs])
+    assert (mask == one_by_one).all(), [c.id for c, a, b in zip(t.configs, mask, one_by_one) if a != b][:5]
+    # An infeasible config always says why.
+    for c, ok in zip(t.configs, one_by_one):
+        if not ok:
+            assert spec.check_feasible(c, problem, "sm90")[1]
+
+
+@pytest.mark.parametrize("op", registry.names())
+def test_space_and_registry_import_no_torch(op):
+    spec = registry.get(op)
+    code = (f"import sys, gemm_costmodel.registry as R; R.get({op!r}).space_module(); "
+            "import gemm_costmodel.candidates, gemm_costmodel.features, gemm_costmodel.runtime; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out.replace("'", '"')) == [], spec.space
+
+
+def test_unknown_op_is_a_value_error_listing_the_known_ones():
+    with pytest.raises(ValueError, match=r"unknown op 'moe'; known ops: gemm"):
+        registry.get("moe")
+
+
+def test_dense_op_pins_experts():
+    spec = registry.get("gemm")
+    assert spec.problem(m=1, n=2, k=3, dtype="bf16", e=1, top_k=1).key == "bf16:1x2x3"
+    with pytest.raises(ValueError, match="^E=8 is not a gemm problem"):
+        spec.problem(m=1, n=2, k=3, dtype="bf16", e=8)
+    with pytest.raises(ValueError, match="^top_k=2 is not a gemm problem"):
+        spec.problem(m=1, n=2, k=3, dtype="bf16", top_k=2)
+
+
+def _one_per_variant(configs):
+    seen = {}
+    for c in configs:
+        seen.setdefault(c.variant, c)
+    return list(seen.values())
+
+
+# The Triton CPU interpreter computes garbage for a bf16 dot: interpreter launches use fp16/fp32.
+@pytest.mark.parametrize("op", registry.names())
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+@pytest.mark.parametrize("m, n, k", [(1, 40, 136), (7, 33, 256), (33, 72, 136)])
+def test_interpreter_launch_equals_reference(op, dtype, m, n, k):
+    spec = registry.get(op)
+    impl = spec.impl_module()
+    problem = _problem(spec, m, n, k, dtype)
+    gen = torch.Generator().manual_seed(m * 7919 + n)
+    ops = impl.make_operands(problem, "cpu", gen)
+    ref = impl.reference(ops)
+    cands = [c for c in _one_per_variant(spec.feasible_configs(problem, "sm90", include_vendor=False))
+             if c.variant not in ("persistent", "swapab_tma")]  # TMA descriptors need a GPU
+    assert cands
+    for cfg in cands:
+        ops.out.fill_(float("nan"))
+        y = ops.run(cfg)
+        err = (torch.linalg.vector_norm(y.float() - ref) / torch.linalg.vector_norm(ref)).item()
+        assert err <= impl.ERROR_BOUNDS[dtype], (cfg.id, err)
