@@ -228,12 +228,15 @@ def family_folds(df: pd.DataFrame) -> list[Fold]:
 
 
 def nk_folds(df: pd.DataFrame, n_folds: int = 5, seed: int = 0) -> list[Fold]:
-    """Leave-(N, K)-out: (N, K) pairs split into n_folds groups by a seeded shuffle."""
-    pairs = sorted(set(zip(df["n"].astype(int), df["k"].astype(int))))
+    """Leave-(N, K)-out: the op's split key (the registry's ``split_key``; (N, K) for dense
+    GEMM) split into n_folds groups by a seeded shuffle."""
+    cols = op_of(df).split_key
+    keys = list(zip(*(df[c].astype(int) for c in cols)))
+    pairs = sorted(set(keys))
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(pairs))
     group = {pairs[i]: j % n_folds for j, i in enumerate(order)}
-    g = np.array([group[(n, k)] for n, k in zip(df["n"].astype(int), df["k"].astype(int))])
+    g = np.array([group[key] for key in keys])
     out = []
     for f in range(n_folds):
         test = eval_rows(df[(g == f) & df["eval_shape"].astype(bool).to_numpy()])

@@ -23,9 +23,12 @@ from typing import Callable
 
 import torch
 
-from gemm_costmodel.kernels import gemm as K
-from gemm_costmodel.kernels.gemm_configs import config_from_id
+from gemm_costmodel import registry
 from gemm_costmodel.runtime import Dispatcher, default_dispatcher
+
+# The dense GEMM op: its space and (torch, triton) implementation, from the registry.
+_OP = registry.get("gemm")
+K = _OP.impl_module()
 
 _dispatcher: Dispatcher | None = None
 _configs: dict[str, object] = {}
@@ -46,7 +49,7 @@ def dispatcher() -> Dispatcher:
 def _config(cid: str):
     cfg = _configs.get(cid)
     if cfg is None:
-        cfg = _configs[cid] = config_from_id(cid)
+        cfg = _configs[cid] = _OP.config_from_id(cid)
     return cfg
 
 

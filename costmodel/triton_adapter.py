@@ -97,12 +97,12 @@ def configs(dtype: str = "bf16", arch: str = "sm90", names: dict | None = None):
     """triton.Config objects for the tiled candidates of the model's space (meta-parameter names per ``names``)."""
     import triton
 
-    from gemm_costmodel.kernels.gemm_configs import generate_configs
+    from gemm_costmodel import registry
 
     names = dict(DEFAULT_NAMES if names is None else names)
     inv = {v: k for k, v in names.items()}
     out = []
-    for c in generate_configs(arch, dtype, include_vendor=False):
+    for c in registry.get("gemm").configs(arch, dtype, include_vendor=False):
         if c.variant != "tiled":
             continue
         meta = {inv[p]: getattr(c, p) for p in ("block_m", "block_n", "block_k", "group_m") if p in inv}
