@@ -5,6 +5,8 @@ Parts (``--parts``):
 - gate: every feasible candidate of every variant, bf16/fp16/fp8, on weird
   shapes (M in {1, 7, 33, 4097}; N, K not multiples of 64) through the
   correctness gate. One row per (shape, candidate) in gate.jsonl.
+- memory_ab: the same throughput, the flat-memory harness against the one before it,
+  alternating rounds in one process.
 - throughput: harness measurements per second on mid-size shapes against a
   plain do_bench loop over the same candidates.
 - bench: the foundation suite, every candidate plus cuBLAS, timed.
@@ -112,6 +114,68 @@ def capture_ab(out_dir, prov, workers, rounds=2, n_cands=48):
     return res
 
 
+class _BeforeMemoryFix:
+    """Context: the harness as it was before memory was kept flat (for the A/B below): a new
+    side stream for every warm-up and capture, a split-K workspace allocated per launch (so
+    inside every capture), nothing freed between shapes."""
+
+    def __enter__(self):
+        from gemm_costmodel.kernels import gemm as K
+
+        self._saved = (timing.GraphTimer.side_stream, harness.free_device_memory, K.splitk_workspace)
+        timing.GraphTimer.side_stream = lambda self: torch.cuda.Stream()
+        harness.free_device_memory = lambda timer, device: None
+        fresh = (lambda device, split_k, m, n:
+                 torch.empty((split_k, m, n), dtype=torch.float32, device=device))
+        K.splitk_workspace = fresh
+        # gemm_swapab imported the name: patch it there too.
+        import gemm_costmodel.kernels.gemm_swapab as SW
+        self._sw = getattr(SW, "splitk_workspace", None)
+        if self._sw is not None:
+            SW.splitk_workspace = fresh
+        return self
+
+    def __exit__(self, *exc):
+        from gemm_costmodel.kernels import gemm as K
+        import gemm_costmodel.kernels.gemm_swapab as SW
+
+        timing.GraphTimer.side_stream, harness.free_device_memory, K.splitk_workspace = self._saved
+        if self._sw is not None:
+            SW.splitk_workspace = self._sw
+
+
+def memory_ab(out_dir, prov, workers, rounds=3, n_cands=48):
+    """Same host, one process: harness throughput (gate + graph timing, measurements/s) on the
+    throughput shapes with the flat-memory harness against the one before it, alternating."""
+    import tempfile
+
+    probs = [Problem(s.m, s.n, s.k, s.dtype) for s in THROUGHPUT_SHAPES]
+    cands = {p: harness.select_candidates(p, f"sample:{n_cands}", 1) for p in probs}
+    precompile.precompile(list(cands.items()), workers=workers, log=log)
+    res = {"flat_memory": [], "before": [], "reserved_mb": {"flat_memory": [], "before": []}}
+    for r in range(2 * rounds + 1):  # the first round warms the kernels and is not counted
+        name = "flat_memory" if r % 2 == 0 else "before"
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        with tempfile.TemporaryDirectory() as tmp, ResultStore(os.path.join(tmp, "t.jsonl")) as store:
+            if name == "before":
+                with _BeforeMemoryFix():
+                    stats = harness.run_sweep(THROUGHPUT_SHAPES, store, timing.GraphTimer(), mode=f"sample:{n_cands}",
+                                              seed=1, provenance=prov, suite="throughput", progress=False)
+            else:
+                stats = harness.run_sweep(THROUGHPUT_SHAPES, store, timing.GraphTimer(), mode=f"sample:{n_cands}",
+                                          seed=1, provenance=prov, suite="throughput", progress=False)
+        if r == 0:
+            continue
+        res[name].append(stats.rate)
+        res["reserved_mb"][name].append(round(torch.cuda.memory_reserved() / 2**20, 1))
+        log(f"memory A/B round {r}: {name} {stats.rate:.0f}/s, {stats.measured} measurements, "
+            f"reserved after {res['reserved_mb'][name][-1]:.0f} MiB")
+    res["provenance"] = prov
+    json.dump(res, open(os.path.join(out_dir, "memory_ab.json"), "w"), indent=1)
+    return res
+
+
 def throughput(out_dir, prov, workers, n_cands=48):
     from triton.testing import do_bench
 
@@ -181,6 +245,8 @@ def main():
         throughput(args.out, prov, args.workers)
     if "capture_ab" in args.parts:
         capture_ab(args.out, prov, args.workers)
+    if "memory_ab" in args.parts:
+        memory_ab(args.out, prov, args.workers)
     if "bench" in args.parts:
         bench(args.out, prov, args.workers, tuple(args.bench_dtypes))
 
