@@ -32,7 +32,8 @@ from . import gemm_swapab
 from .common import (DTYPE_NAMES, TORCH_DTYPES, _arrival_counters, _device_index,  # noqa: F401
                      _grouped_tile, _mainloop, _splitk_last_arrival, alloc_output, check_operands,
                      dtype_name, launch_args, num_sms, splitk_workspace, zeroed_buffer)
-from .gemm_configs import GemmConfig, PersistentConfig, SplitKConfig, SwapABConfig, TiledConfig, VendorConfig
+from .gemm_configs import (DTYPE_BYTES, OUT_DTYPE, GemmConfig, PersistentConfig, SplitKConfig,  # noqa: F401
+                           SwapABConfig, TiledConfig, VendorConfig)
 
 
 @triton.jit(do_not_specialize=["M"])
