@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from gemm_costmodel.datacard import geomean
+from gemm_costmodel.util import geomean
 
 
 def main(argv=None) -> int:

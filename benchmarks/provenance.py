@@ -5,18 +5,8 @@ import datetime as _dt
 import os
 import subprocess
 
-
-def git_sha() -> str:
-    """Commit of the measuring code: $COSTMODEL_GIT_SHA if set, else `git rev-parse`."""
-    sha = os.environ.get("COSTMODEL_GIT_SHA")
-    if sha:
-        return sha
-    try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+# Shared with the runtime's tuned tables (ops.py); provenance.git_sha stays importable.
+from ..util import git_sha
 
 
 def _nvidia_smi(field: str, index: int) -> str:

@@ -1,11 +1,11 @@
 """Summaries of benchmark rows: oracle vs cuBLAS, HBM-floor fraction, status counts."""
 from __future__ import annotations
 
-import math
-
 import pandas as pd
 
 from ..kernels.gemm_configs import DTYPE_BYTES, OUT_DTYPE
+# Shared with the cost model's reports; summary.geomean / summary.markdown_table stay importable.
+from ..util import geomean, markdown_table  # noqa: F401
 
 SHAPE_COLS = ["dtype", "m", "n", "k"]
 
@@ -20,11 +20,6 @@ def load_rows(paths) -> pd.DataFrame:
     if not rows:
         raise ValueError("no rows in " + ", ".join(map(str, paths)))
     return pd.DataFrame(rows)
-
-
-def geomean(values) -> float:
-    vals = [float(v) for v in values if v == v and v > 0]
-    return math.exp(sum(map(math.log, vals)) / len(vals)) if vals else float("nan")
 
 
 def per_shape(df: pd.DataFrame) -> pd.DataFrame:
@@ -57,15 +52,6 @@ def hbm_floor(shapes: pd.DataFrame, copy_gbps: float) -> pd.DataFrame:
     out["oracle_floor_frac"] = out["floor_us"] / out["oracle_us"]
     out["cublas_floor_frac"] = out["floor_us"] / out["cublas_us"]
     return out
-
-
-def markdown_table(df: pd.DataFrame) -> str:
-    """A frame as a GitHub markdown table (no tabulate dependency)."""
-    cols = [str(c) for c in df.columns]
-    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for row in df.itertuples(index=False):
-        out.append("| " + " | ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row) + " |")
-    return "\n".join(out)
 
 
 def summarize(df: pd.DataFrame, copy_gbps: float | None = None) -> str:

@@ -386,7 +386,7 @@ def cmd_evaluate(args) -> int:
     m = metrics_table(fam if fam is not None else nk, by=["gpu_name", "dtype"])
     cols = ["method", "gpu_name", "dtype", "shapes", "match_2pct", "geomean_slowdown", "p99_slowdown",
             "top8_bench_slowdown"]
-    from gemm_costmodel.benchmarks.summary import markdown_table
+    from gemm_costmodel.util import markdown_table
 
     print(markdown_table(report._fmt(m[cols])))
     print(f"report: {path}")

@@ -2,22 +2,15 @@
 evaluation-shape figures (oracle vs cuBLAS, default and best-static slowdowns, ties)."""
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
-from gemm_costmodel.benchmarks.summary import markdown_table as _table
 from gemm_costmodel.kernels.gemm_configs import generate_configs
+from gemm_costmodel.util import geomean
+from gemm_costmodel.util import markdown_table as _table
 
 # The config a user gets without tuning: the classic tutorial tile.
 DEFAULT_CONFIG = "tiled_m128n128k64_g8_w4s3"
 M_BUCKETS = [(1, 1), (2, 16), (17, 64), (65, 256), (257, 1024), (1025, 4096), (4097, 16384)]
-
-
-def geomean(x) -> float:
-    """Geometric mean of the finite positive values (NaN if none)."""
-    x = np.asarray(list(x), dtype=float)
-    x = x[np.isfinite(x) & (x > 0)]
-    return float(np.exp(np.log(x).mean())) if len(x) else float("nan")
 
 
 def _origins(df: pd.DataFrame) -> pd.DataFrame:

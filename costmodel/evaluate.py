@@ -17,8 +17,8 @@ import pandas as pd
 
 from gemm_costmodel import features as F
 from gemm_costmodel import hardware, registry
-from gemm_costmodel.datacard import DEFAULT_CONFIG, geomean  # noqa: F401 - geomean is part of this API
 from gemm_costmodel.model import SHAPE_COLS, CostModel, TrainConfig, training_rows
+from gemm_costmodel.util import geomean  # noqa: F401 - geomean is part of this API
 
 TOPK = (1, 2, 4, 8)
 MATCH_TOL = 1.02

@@ -165,7 +165,7 @@ class UnsureTuner:
     def _persist(self) -> None:
         if not self.cache_file:
             return
-        from gemm_costmodel.benchmarks.provenance import git_sha
+        from gemm_costmodel.util import git_sha
 
         prov = {"gpu_name": self.d.gpu_name, "torch": torch.__version__, "git_sha": git_sha(),
                 "updated": datetime.now(timezone.utc).isoformat(timespec="seconds"), "k": self.k}

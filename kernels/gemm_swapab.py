@@ -7,9 +7,9 @@ swaps the operands on these shapes (`nvjet_sm90_tst_64x8_...`,
 `..._64x32_...` in benchmarks/results/vendor/): a tile is BLOCK_N weight rows by
 BLOCK_M tokens, where BLOCK_M can be as small as 8 (the config space uses 16-64). Here the same: each program
 computes a (BLOCK_N, BLOCK_M) tile of y.T over one slice of K (SPLIT_K slices,
-summed in one launch by the last slice to arrive, as the split-K kernel of
-gemm.py does), loading either through pointers (any K) or through TMA
-descriptors (16-byte aligned rows).
+summed in one launch by the last slice to arrive, with the split-K kernel's
+epilogue from common.py), loading either through pointers (any K) or through
+TMA descriptors (16-byte aligned rows).
 
 Same contract as kernels/gemm.py: y = x @ w.T, x (M, K), w (N, K), row-major;
 fp8 inputs carry per-tensor scales and write bf16.
@@ -20,36 +20,23 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemm import _arrival_counters, _mainloop, launch_args, splitk_workspace
+from .common import _arrival_counters, _mainloop, _splitk_last_arrival, launch_args, splitk_workspace
 from .gemm_configs import SwapABConfig, SwapABTmaConfig
 
 
 @triton.jit
 def _finish_transposed(acc, y_ptr, ws_ptr, cnt_ptr, sa_ptr, sb_ptr, M, N, stride_ym, offs_n, offs_m,
-                       tile, pid_s, HAS_SCALE: tl.constexpr, SPLIT_K: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+                       tile, pid_s, HAS_SCALE: tl.constexpr, SPLIT_K: tl.constexpr):
     # acc is a (BLOCK_N, BLOCK_M) tile of y.T: element (i, j) goes to y[offs_m[j], offs_n[i]].
-    mask = (offs_n[:, None] < N) & (offs_m[None, :] < M)
-    y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
     if SPLIT_K == 1:
+        mask = (offs_n[:, None] < N) & (offs_m[None, :] < M)
+        y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
         if HAS_SCALE:
             acc = acc * (tl.load(sa_ptr) * tl.load(sb_ptr))
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
     else:
-        ws_tile = ws_ptr + offs_m[None, :] * N + offs_n[:, None]
-        tl.store(ws_tile + pid_s * M * N, acc, mask=mask)
-        # Every thread's partial store precedes the release of the arrival count.
-        tl.debug_barrier()
-        arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT_K - 1:
-            tl.debug_barrier()
-            out = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            for s in tl.static_range(SPLIT_K):
-                out += tl.load(ws_tile + s * M * N, mask=mask, other=0.0, cache_modifier=".cg")
-            if HAS_SCALE:
-                out = out * (tl.load(sa_ptr) * tl.load(sb_ptr))
-            tl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=mask)
-            tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
+        _splitk_last_arrival(acc, y_ptr, ws_ptr, cnt_ptr, sa_ptr, sb_ptr, M, N, stride_ym, offs_m, offs_n,
+                             tile, pid_s, HAS_SCALE, SPLIT_K, True)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -70,7 +57,7 @@ def gemm_swapab_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, sa_ptr, sb_ptr, M, 
                     BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K)
     tile = pid_m * tl.num_programs(0) + pid_n
     _finish_transposed(acc, y_ptr, ws_ptr, cnt_ptr, sa_ptr, sb_ptr, M, N, stride_ym, offs_n, offs_m,
-                       tile, pid_s, HAS_SCALE, SPLIT_K, BLOCK_N, BLOCK_M)
+                       tile, pid_s, HAS_SCALE, SPLIT_K)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -93,7 +80,7 @@ def gemm_swapab_tma_kernel(x_desc, w_desc, y_ptr, ws_ptr, cnt_ptr, sa_ptr, sb_pt
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     tile = pid_m * tl.num_programs(0) + pid_n
     _finish_transposed(acc, y_ptr, ws_ptr, cnt_ptr, sa_ptr, sb_ptr, M, N, stride_ym, offs_n, offs_m,
-                       tile, pid_s, HAS_SCALE, SPLIT_K, BLOCK_N, BLOCK_M)
+                       tile, pid_s, HAS_SCALE, SPLIT_K)
 
 
 def launch(cfg: SwapABConfig, x: torch.Tensor, w: torch.Tensor, out=None, scale_a=None, scale_b=None):

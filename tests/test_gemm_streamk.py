@@ -1,11 +1,15 @@
-"""Interpreter correctness of the stream-K exploration kernel (kernels/gemm_streamk.py):
-the data-parallel + stream-K hybrid schedule and its deterministic, atomic-free fixup."""
+"""Interpreter correctness of the stream-K exploration kernel (explore/gemm_streamk.py):
+the data-parallel + stream-K hybrid schedule and its deterministic, atomic-free fixup.
+
+The kernel is a record outside the installed package; pytest puts explore/ on the
+path (pyproject's pythonpath), so it imports as the explore scripts import it."""
 import pytest
 import torch
 
 from gemm_costmodel.benchmarks import correctness as C
-from gemm_costmodel.kernels import gemm, gemm_streamk as SK
+from gemm_costmodel.kernels import gemm
 
+import gemm_streamk as SK
 from conftest import operands_for
 
 SMALL = SK.StreamKConfig(16, 32, 32, 2, 4, 3)

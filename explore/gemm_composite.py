@@ -1,4 +1,5 @@
-"""Persistent TMA GEMM with composite output tiles (exploration; not in the config space).
+"""Persistent TMA GEMM with composite output tiles (exploration; not in the config space;
+a record outside the installed package, timed by explore/explore_hopper.py --mode composite).
 
 Why: on small-N prefill shapes the persistent kernel's power-of-two tiles
 leave SMs idle or add a thin last wave (M=1024, N=2304: 72 tiles of 128x256 or
@@ -23,7 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemm import PERSISTENT_FLATTEN, _device_index, _grouped_tile, launch_args, num_sms
+from gemm_costmodel.kernels.common import _device_index, _grouped_tile, launch_args, num_sms
+from gemm_costmodel.kernels.gemm import PERSISTENT_FLATTEN
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
 """Stream-K GEMM over TMA descriptors, v2: data-parallel + stream-K hybrid with a
-deterministic, atomic-free fixup (exploration; not in the config space yet).
+deterministic, atomic-free fixup (exploration; not in the config space). A record, not
+part of the installed package: explore/explore_streamk.py times it, tests/test_gemm_streamk.py
+checks it in the interpreter; both import it as ``gemm_streamk`` (module doc of explore/).
 
 Why stream-K: on prefill shapes with few output tiles (M=1024, N=2304: 72 tiles
 of 128x256 on 132 SMs) the persistent kernel leaves SMs idle, and cuBLAS is up
@@ -60,8 +62,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemm import (PERSISTENT_FLATTEN, _arrival_counters, _device_index, _grouped_tile, launch_args, num_sms,
-                   zeroed_buffer)
+from gemm_costmodel.kernels.common import (_arrival_counters, _device_index, _grouped_tile, launch_args, num_sms,
+                                           zeroed_buffer)
+from gemm_costmodel.kernels.gemm import PERSISTENT_FLATTEN
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ copy below, patched in) and one with the committed kernel, then compare the
 gate seconds and the persistent rows' latencies (the other variants' rows,
 identical code in both runs, give the noise level):
 
-    python -m gemm_costmodel.benchmarks.explore_programs --shapes SHAPES.csv --out OUT --which old
-    python -m gemm_costmodel.benchmarks.explore_programs --shapes SHAPES.csv --out OUT --which new
-    python -m gemm_costmodel.benchmarks.explore_programs --shapes SHAPES.csv --out OUT --which compare
+    python explore/explore_programs.py --shapes SHAPES.csv --out OUT --which old
+    python explore/explore_programs.py --shapes SHAPES.csv --out OUT --which new
+    python explore/explore_programs.py --shapes SHAPES.csv --out OUT --which compare
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from gemm_costmodel import shapes as S
 from gemm_costmodel.benchmarks import harness, precompile, provenance, timing
 from gemm_costmodel.benchmarks.store import ResultStore, read_rows
 from gemm_costmodel.kernels import gemm
-from gemm_costmodel.kernels.gemm import _device_index, _grouped_tile, num_sms
+from gemm_costmodel.kernels.common import _device_index, _grouped_tile, num_sms
 from gemm_costmodel.kernels.gemm_configs import Problem
 
 
