@@ -1,5 +1,5 @@
 """Helpers shared by the GEMM kernel modules (gemm.py, gemm_swapab.py, and the
-exploration kernels in explore/), so that a kernel module takes its helpers from
+exploration kernels in benchmarks/explore/), so that a kernel module takes its helpers from
 here and never from another kernel module (no import cycle).
 
 Triton (inlined into the kernels that call them):

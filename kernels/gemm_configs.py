@@ -232,7 +232,7 @@ def static_feasible(cfg: GemmConfig, arch: ArchSpec, dtype: str) -> tuple[bool, 
 # 64/128 rows for compute-bound work, 16/32 rows for decode, split-K up to 16.
 # Swap-AB (decode only): 64 weight rows per tile (the wgmma M side); its token
 # count is tied to M by check_feasible. Chosen from a 288-config exploration on
-# the 40 decode shapes of the foundation suite (benchmarks/explore_swapab.py):
+# the 40 decode shapes of the foundation suite (benchmarks/explore/explore_swapab.py):
 # 128 weight rows, 8 tokens or BLOCK_K 64-only added < 0.1%.
 SWAPAB_TOKENS = (16, 32, 64)
 SWAPAB_MAX_M = SWAPAB_TOKENS[-1]

@@ -176,7 +176,7 @@ def test_empty_data_set(cmd, tmp_path, capsys, fp8_frame):
 
 def test_filters_leave_no_rows(tmp_path, capsys):
     rc = cli_main([*model_cmd("train", tmp_path), "--data", EVAL, "--dtype", "bf16"])
-    assert_one_line_error(rc, capsys, "no dense GEMM harness rows", "bf16")
+    assert_one_line_error(rc, capsys, "no gemm harness rows", "bf16")
 
 
 def test_unknown_gpu_in_data(tmp_path, capsys, fp8_frame):

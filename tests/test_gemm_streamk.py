@@ -1,7 +1,7 @@
-"""Interpreter correctness of the stream-K exploration kernel (explore/gemm_streamk.py):
+"""Interpreter correctness of the stream-K exploration kernel (benchmarks/explore/gemm_streamk.py):
 the data-parallel + stream-K hybrid schedule and its deterministic, atomic-free fixup.
 
-The kernel is a record outside the installed package; pytest puts explore/ on the
+The kernel is a record outside the installed package; pytest puts benchmarks/explore/ on the
 path (pyproject's pythonpath), so it imports as the explore scripts import it."""
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Exploration: does stream-K (explore/gemm_streamk.py) close the prefill gap?
+"""Exploration: does stream-K (benchmarks/explore/gemm_streamk.py) close the prefill gap?
 
 On the foundation suite's M >= 1024 shapes, times in one process: the best
 committed candidate of a previous full sweep (``--base``, a foundation.jsonl[.gz]
@@ -6,7 +6,7 @@ of the same GPU model), cuBLAS and a handful of stream-K configs, each checked
 against the fp32 reference first. Writes streamk.json and prints the geomean of
 cuBLAS / best-of-committed and cuBLAS / best-of-committed-and-stream-K.
 
-    python explore/explore_streamk.py --out OUT \
+    python benchmarks/explore/explore_streamk.py --out OUT \
         --base benchmarks/results/foundation/foundation.jsonl.gz
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from gemm_costmodel.benchmarks import correctness as C
 from gemm_costmodel.benchmarks import provenance, summary, timing
 from gemm_costmodel.kernels.gemm_configs import DTYPE_BYTES, Problem, VendorConfig, feasible_configs
 
-import gemm_streamk as SK  # beside this script (explore/ is the script's folder)
+import gemm_streamk as SK  # beside this script (benchmarks/explore/ is the script's folder)
 
 # One program per SM only: a 128x256x64 3-stage program uses ~213 KB of shared
 # memory, so a second one per SM cannot be resident and p=2 only adds slot traffic.

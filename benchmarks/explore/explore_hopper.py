@@ -12,13 +12,13 @@ variants of that best candidate, each checked against the fp32 reference first:
   other warp counts, since these shapes are memory-bound and more bytes in
   flight may help;
 - ``--mode composite`` (prefill only): the composite-tile persistent kernel
-  (explore/gemm_composite.py), whose BLOCK_N = BN0 + BN1 tiles (144, 160, 192,
+  (benchmarks/explore/gemm_composite.py), whose BLOCK_N = BN0 + BN1 tiles (144, 160, 192,
   272) can make the tile count land just under a multiple of the SM count.
 
 Writes hopper_<mode>.json (every variant's p50 or failure) and prints, per M bucket,
 the geomean of cuBLAS / best-of-committed and cuBLAS / best-of-all.
 
-    python explore/explore_hopper.py --out OUT \
+    python benchmarks/explore/explore_hopper.py --out OUT \
         --base benchmarks/results/foundation/foundation.jsonl.gz
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ from gemm_costmodel.kernels.gemm_configs import (ARCHS, DTYPE_BYTES, OUT_DTYPE, 
                                                  SplitKConfig, TiledConfig, VendorConfig, check_feasible,
                                                  feasible_configs, smem_bytes)
 
-import gemm_composite as GC  # beside this script (explore/ is the script's folder)
+import gemm_composite as GC  # beside this script (benchmarks/explore/ is the script's folder)
 
 # (block_m, block_n, block_k, warps, stages): the tiles that win prefill today plus
 # ones that only fit with a split epilogue.

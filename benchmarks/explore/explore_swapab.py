@@ -12,7 +12,7 @@ Before the variant joined the space (c33aaca) its ids read `swapab[tma]_n{rows}m
 benchmarks/results/explore/swapab_bf16.json keeps those ids. Writes swapab_<dtype>.json and prints the geomean of cuBLAS / best-committed and
 cuBLAS / best-of-all, and which parameters the winning swap-AB configs share.
 
-    python explore/explore_swapab.py --out OUT \
+    python benchmarks/explore/explore_swapab.py --out OUT \
         --base benchmarks/results/foundation/foundation.jsonl.gz
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Persistent TMA GEMM with composite output tiles (exploration; not in the config space;
-a record outside the installed package, timed by explore/explore_hopper.py --mode composite).
+a record outside the installed package, timed by benchmarks/explore/explore_hopper.py --mode composite).
 
 Why: on small-N prefill shapes the persistent kernel's power-of-two tiles
 leave SMs idle or add a thin last wave (M=1024, N=2304: 72 tiles of 128x256 or

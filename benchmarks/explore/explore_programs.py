@@ -8,9 +8,9 @@ copy below, patched in) and one with the committed kernel, then compare the
 gate seconds and the persistent rows' latencies (the other variants' rows,
 identical code in both runs, give the noise level):
 
-    python explore/explore_programs.py --shapes SHAPES.csv --out OUT --which old
-    python explore/explore_programs.py --shapes SHAPES.csv --out OUT --which new
-    python explore/explore_programs.py --shapes SHAPES.csv --out OUT --which compare
+    python benchmarks/explore/explore_programs.py --shapes SHAPES.csv --out OUT --which old
+    python benchmarks/explore/explore_programs.py --shapes SHAPES.csv --out OUT --which new
+    python benchmarks/explore/explore_programs.py --shapes SHAPES.csv --out OUT --which compare
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Stream-K GEMM over TMA descriptors, v2: data-parallel + stream-K hybrid with a
 deterministic, atomic-free fixup (exploration; not in the config space). A record, not
-part of the installed package: explore/explore_streamk.py times it, tests/test_gemm_streamk.py
-checks it in the interpreter; both import it as ``gemm_streamk`` (module doc of explore/).
+part of the installed package: benchmarks/explore/explore_streamk.py times it, tests/test_gemm_streamk.py
+checks it in the interpreter; both import it as ``gemm_streamk`` (module doc of benchmarks/explore/).
 
 Why stream-K: on prefill shapes with few output tiles (M=1024, N=2304: 72 tiles
 of 128x256 on 132 SMs) the persistent kernel leaves SMs idle, and cuBLAS is up
