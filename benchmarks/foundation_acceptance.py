@@ -124,7 +124,7 @@ class _BeforeMemoryFix:
 
         self._saved = (timing.GraphTimer.side_stream, harness.free_device_memory, K.splitk_workspace)
         timing.GraphTimer.side_stream = lambda self: torch.cuda.Stream()
-        harness.free_device_memory = lambda timer, device: None
+        harness.free_device_memory = lambda timer, device, force=True: None
         fresh = (lambda device, split_k, m, n:
                  torch.empty((split_k, m, n), dtype=torch.float32, device=device))
         K.splitk_workspace = fresh
@@ -152,9 +152,12 @@ def memory_ab(out_dir, prov, workers, rounds=3, n_cands=48):
     probs = [Problem(s.m, s.n, s.k, s.dtype) for s in THROUGHPUT_SHAPES]
     cands = {p: harness.select_candidates(p, f"sample:{n_cands}", 1) for p in probs}
     precompile.precompile(list(cands.items()), workers=workers, log=log)
-    res = {"flat_memory": [], "before": [], "reserved_mb": {"flat_memory": [], "before": []}}
-    for r in range(2 * rounds + 1):  # the first round warms the kernels and is not counted
-        name = "flat_memory" if r % 2 == 0 else "before"
+    arms = ("flat_memory", "before", "free_every_shape")
+    res = {a: [] for a in arms}
+    res["reserved_mb"] = {a: [] for a in arms}
+    real_free = harness.free_device_memory
+    for r in range(len(arms) * rounds + 1):  # the first round warms the kernels and is not counted
+        name = arms[r % len(arms)]
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         with tempfile.TemporaryDirectory() as tmp, ResultStore(os.path.join(tmp, "t.jsonl")) as store:
@@ -163,8 +166,14 @@ def memory_ab(out_dir, prov, workers, rounds=3, n_cands=48):
                     stats = harness.run_sweep(THROUGHPUT_SHAPES, store, timing.GraphTimer(), mode=f"sample:{n_cands}",
                                               seed=1, provenance=prov, suite="throughput", progress=False)
             else:
-                stats = harness.run_sweep(THROUGHPUT_SHAPES, store, timing.GraphTimer(), mode=f"sample:{n_cands}",
-                                          seed=1, provenance=prov, suite="throughput", progress=False)
+                if name == "free_every_shape":
+                    harness.free_device_memory = lambda timer, device, force=True: real_free(timer, device, True)
+                try:
+                    stats = harness.run_sweep(THROUGHPUT_SHAPES, store, timing.GraphTimer(),
+                                              mode=f"sample:{n_cands}", seed=1, provenance=prov,
+                                              suite="throughput", progress=False)
+                finally:
+                    harness.free_device_memory = real_free
         if r == 0:
             continue
         res[name].append(stats.rate)
