@@ -6,6 +6,7 @@ whole space (``gemm_configs.problem_mask``); ``check_feasible`` is its one-confi
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
@@ -19,6 +20,13 @@ def arch_has_fp8(arch: str | None) -> bool | None:
     vendor's torch._scaled_mm both need them."""
     digits = arch[2:].rstrip("abf") if isinstance(arch, str) and arch.startswith("sm") else ""
     return int(digits) >= 89 if digits.isdigit() else None
+
+
+class _Dims(NamedTuple):
+    m: int
+    n: int
+    k: int
+    dtype: str
 
 
 class CandidateTable:
@@ -45,8 +53,9 @@ class CandidateTable:
 
     def feasible_mask(self, m: int, n: int, k: int) -> np.ndarray:
         """Boolean mask of the configs that can run (m, n, k): the rules of check_feasible."""
-        G = self._space
-        return G.problem_mask(self._arrays, G.Problem(int(m), int(n), int(k), self.dtype))
+        # The dimensions were checked by the caller (runtime.check_problem): no Problem
+        # validation on the cold path.
+        return self._space.problem_mask(self._arrays, _Dims(int(m), int(n), int(k), self.dtype))
 
     def candidate_dicts(self, idx) -> list[dict]:
         """{'variant', PARAMS...} of the given indices (the heuristic's input)."""

@@ -302,54 +302,60 @@ class ConfigArrays:
         self.swapab_tma = variants == "swapab_tma"
         self.swapab = (variants == "swapab") | self.swapab_tma  # either swap-AB kernel
         self.params = {p: np.array([config_params(c)[p] for c in configs], dtype=np.int64) for p in PARAM_NAMES}
+        # Problem-independent parts of the rules, computed once (the runtime applies them per decision).
+        self.split = self.splitk | (self.swapab & (self.params["split_k"] > 1))
+        self.block_k = np.maximum(self.params["block_k"], 1)
 
 
-def _k_tiles(a: "ConfigArrays", p: Problem):
-    import numpy as np
-
-    return -(-p.k // np.maximum(a.params["block_k"], 1))
-
-
-def _split(a: "ConfigArrays"):
-    return a.splitk | (a.swapab & (a.params["split_k"] > 1))
-
-
-# The per-problem feasibility rules, the ONE source of them: (violated(arrays, problem) ->
-# bool array, reason(problem, params of one config) -> str). ``problem_mask`` applies them
-# to a whole space at once (the runtime), ``check_feasible`` to one config (its reason is
-# the first violated rule's). Problem-independent limits are ``static_feasible``'s.
+# The per-problem feasibility rules, the ONE source of them: (applies(problem) -> bool,
+# violated(arrays, problem) -> bool array, reason(problem, params of one config) -> str).
+# ``problem_mask`` applies them to a whole space at once (the runtime), ``check_feasible``
+# to one config (its reason is the first violated rule's). ``applies`` is the rule's
+# problem-only condition, so that most rules cost nothing on most shapes.
+# Problem-independent limits are ``static_feasible``'s.
 _E = DTYPE_BYTES
 PROBLEM_RULES = (
-    (lambda a, p: a.vendor & (p.dtype == "fp8") & bool(p.k % 16 or p.n % 16),
+    (lambda p: p.dtype == "fp8" and bool(p.k % 16 or p.n % 16),
+     lambda a, p: a.vendor,
      lambda p, c: "torch._scaled_mm needs K and N divisible by 16"),
-    (lambda a, p: a.vendor & (p.dtype == "fp32"),
+    (lambda p: p.dtype == "fp32",
+     lambda a, p: a.vendor,
      lambda p, c: "vendor candidate is for bf16/fp16/fp8"),
     # TMA descriptors need 16-byte aligned row strides for x, w and y.
-    (lambda a, p: a.persistent & bool((p.k * _E[p.dtype]) % 16),
+    (lambda p: bool((p.k * _E[p.dtype]) % 16),
+     lambda a, p: a.persistent,
      lambda p, c: "TMA needs K * element size divisible by 16"),
-    (lambda a, p: a.persistent & bool((p.n * _E[OUT_DTYPE[p.dtype]]) % 16),
+    (lambda p: bool((p.n * _E[OUT_DTYPE[p.dtype]]) % 16),
+     lambda a, p: a.persistent,
      lambda p, c: "TMA needs N * output element size divisible by 16"),
-    (lambda a, p: a.swapab & (p.m > SWAPAB_MAX_M),
+    (lambda p: p.m > SWAPAB_MAX_M,
+     lambda a, p: a.swapab,
      lambda p, c: f"swap-AB is a decode kernel: M={p.m} > {SWAPAB_MAX_M}"),
     # One tile column covers every token: the one token count that covers M.
-    (lambda a, p: a.swapab & (a.params["block_m"] != swapab_tokens(p.m)),
+    (lambda p: True,
+     lambda a, p: a.swapab & (a.params["block_m"] != swapab_tokens(p.m)),
      lambda p, c: f"swap-AB tile has {c['block_m']} tokens; M={p.m} takes {swapab_tokens(p.m)}"),
-    (lambda a, p: a.swapab_tma & bool((p.k * _E[p.dtype]) % 16),
+    (lambda p: bool((p.k * _E[p.dtype]) % 16),
+     lambda a, p: a.swapab_tma,
      lambda p, c: "TMA needs K * element size divisible by 16"),
-    (lambda a, p: _split(a) & (_k_tiles(a, p) < a.params["split_k"]),
+    (lambda p: True,
+     lambda a, p: a.split & (-(-p.k // a.block_k) < a.params["split_k"]),
      lambda p, c: f"K={p.k} has {-(-p.k // c['block_k'])} k-tiles < split_k={c['split_k']}"),
-    (lambda a, p: _split(a) & (a.params["split_k"] * p.m * p.n * 4 > SPLITK_WORKSPACE_LIMIT),
+    (lambda p: True,
+     lambda a, p: a.split & (a.params["split_k"] * p.m * p.n * 4 > SPLITK_WORKSPACE_LIMIT),
      lambda p, c: "split-K workspace above limit"),
 )
 
 
-def problem_mask(arrays: ConfigArrays, problem: Problem):
-    """Boolean array: which configs of ``arrays`` satisfy every per-problem rule."""
+def problem_mask(arrays: ConfigArrays, problem) -> "np.ndarray":
+    """Boolean array: which configs of ``arrays`` satisfy every per-problem rule. ``problem``:
+    anything with m, n, k and dtype (a Problem, or the runtime's checked dimensions)."""
     import numpy as np
 
     ok = np.ones(arrays.n, dtype=bool)
-    for violated, _ in PROBLEM_RULES:
-        ok &= ~violated(arrays, problem)
+    for applies, violated, _ in PROBLEM_RULES:
+        if applies(problem):
+            ok &= ~violated(arrays, problem)
     return ok
 
 
@@ -361,8 +367,8 @@ def check_feasible(cfg: GemmConfig, problem: Problem, arch: str = "sm90") -> tup
     if not ok:
         return ok, why
     arrays = ConfigArrays([cfg])
-    for violated, reason in PROBLEM_RULES:
-        if violated(arrays, problem)[0]:
+    for applies, violated, reason in PROBLEM_RULES:
+        if applies(problem) and violated(arrays, problem)[0]:
             return False, reason(problem, config_params(cfg))
     return True, ""
 
