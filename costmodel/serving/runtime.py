@@ -7,7 +7,7 @@ Precedence (documented in the README):
    ``session.run``;
 3. with no usable model (missing, corrupt, schema-hash or arch mismatch, an .onnx
    that does not match its manifest's size and sha256, unknown GPU), the hand
-   heuristic of ``gemm_costmodel.heuristic`` decides. The reason is warned once; the
+   heuristic of ``gemm_costmodel.serving.heuristic`` decides. The reason is warned once; the
    serving path never raises for a model problem.
 
 Candidates come only from the space of the GPU's arch (``Dispatcher.space_arch``);
@@ -32,10 +32,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gemm_costmodel import features as F
-from gemm_costmodel import hardware, registry
-from gemm_costmodel.candidates import arch_has_fp8
-from gemm_costmodel.candidates import table as candidate_table
+from gemm_costmodel.serving import features as F
+from gemm_costmodel.serving import hardware
+from gemm_costmodel import registry
+from gemm_costmodel.serving.candidates import arch_has_fp8
+from gemm_costmodel.serving.candidates import table as candidate_table
 
 DTYPES = ("bf16", "fp16", "fp8")
 # The kernels were written and tested for 32-bit sizes (no int64 casts in their index math): larger
@@ -43,7 +44,7 @@ DTYPES = ("bf16", "fp16", "fp8")
 MAX_DIM = 2**31 - 1
 # The dense GEMM's vendor candidate (gemm_configs.VendorConfig): torch.mm, or torch._scaled_mm for fp8.
 VENDOR = registry.get("gemm").vendor_ids[0]
-DEFAULT_MODELS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models")
+DEFAULT_MODELS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "models")
 
 
 def _models_dir() -> str:
@@ -300,7 +301,7 @@ class Dispatcher:
             self._vendor_reason = None
         elif self.arch is None:
             self._vendor_reason = (f"unknown GPU {self.gpu_name!r}, arch unknown: no candidate space is known to "
-                                   "run on it (describe it with gemm_costmodel.hardware.register or "
+                                   "run on it (describe it with gemm_costmodel.serving.hardware.register or "
                                    "COSTMODEL_GPU_SPECS)")
         else:
             self._vendor_reason = (f"{self.gpu_name!r} is {self.arch}: Triton candidate spaces exist only for "
@@ -349,7 +350,7 @@ class Dispatcher:
                 return self._models[dtype]
             model, reason = None, ""
             if self.spec is None:
-                reason = (f"unknown GPU {self.gpu_name!r} (describe it with gemm_costmodel.hardware.register "
+                reason = (f"unknown GPU {self.gpu_name!r} (describe it with gemm_costmodel.serving.hardware.register "
                           "or COSTMODEL_GPU_SPECS)")
             else:
                 model, reason = self._load_first(dtype, "decision")

@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 
 from gemm_costmodel import registry
-from gemm_costmodel.runtime import Dispatcher, default_dispatcher
+from gemm_costmodel.serving.runtime import Dispatcher, default_dispatcher
 
 # The dense GEMM op: its space and (torch, triton) implementation, from the registry.
 _OP = registry.get("gemm")

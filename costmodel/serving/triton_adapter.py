@@ -1,6 +1,6 @@
 """Adopt the cost model in an existing ``triton.autotune`` with one line::
 
-    from gemm_costmodel.triton_adapter import PerfModel, configs
+    from gemm_costmodel.serving.triton_adapter import PerfModel, configs
 
     @triton.autotune(configs=configs("bf16"), key=["M", "N", "K"],
                      prune_configs_by={"perf_model": PerfModel(), "top_k": 8})
@@ -19,8 +19,8 @@ import threading
 
 import numpy as np
 
-from gemm_costmodel import features as F
-from gemm_costmodel.runtime import Dispatcher, default_dispatcher
+from gemm_costmodel.serving import features as F
+from gemm_costmodel.serving.runtime import Dispatcher, default_dispatcher
 
 # Triton meta-parameter name -> config parameter of the model.
 DEFAULT_NAMES = {"BLOCK_M": "block_m", "BLOCK_N": "block_n", "BLOCK_K": "block_k", "GROUP_M": "group_m",
