@@ -38,7 +38,8 @@ def test_public_runtime_api_unchanged():
     import gemm_costmodel.serving.runtime as b
 
     assert a is b
-    from gemm_costmodel.runtime import Choice, DispatchWarning, Dispatcher, default_dispatcher, rank, select  # noqa: F401
+    from gemm_costmodel.runtime import (Choice, DispatchWarning, Dispatcher,  # noqa: F401
+                                        default_dispatcher, rank, select)
 
 
 def _imported_modules(path: str) -> set[str]:

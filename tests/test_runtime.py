@@ -601,7 +601,8 @@ def test_threads_get_the_single_threaded_answers(model_dir):
 # -- imports -------------------------------------------------------------------------------------
 
 def test_serving_path_imports_no_training_stack():
-    code = ("import sys, gemm_costmodel.serving.runtime, gemm_costmodel.serving.ops, gemm_costmodel.serving.triton_adapter; "
+    code = ("import sys, gemm_costmodel.serving.runtime, gemm_costmodel.serving.ops, "
+            "gemm_costmodel.serving.triton_adapter; "
             "bad=[m for m in ('xgboost','pandas','sklearn','onnxmltools') if m in sys.modules]; assert not bad, bad")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]

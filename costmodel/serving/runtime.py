@@ -44,7 +44,9 @@ DTYPES = ("bf16", "fp16", "fp8")
 MAX_DIM = 2**31 - 1
 # The dense GEMM's vendor candidate (gemm_configs.VendorConfig): torch.mm, or torch._scaled_mm for fp8.
 VENDOR = registry.get("gemm").vendor_ids[0]
-DEFAULT_MODELS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "models")
+# costmodel/serving/runtime.py -> the repository's models/ folder.
+DEFAULT_MODELS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                  "models")
 
 
 def _models_dir() -> str:
