@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     ap.add_argument("--mixed", type=int, default=10_000, help="dispatches per thread in the concurrency check")
     args = ap.parse_args(argv)
 
-    from gemm_costmodel.runtime import Dispatcher
+    from gemm_costmodel.serving.runtime import Dispatcher
 
     res = {"gpu": args.gpu, "python": platform.python_version(), "machine": platform.machine(),
            "cpus": os.cpu_count()}

@@ -37,14 +37,14 @@ def main(argv=None) -> int:
 
     import torch
 
-    from gemm_costmodel import dataset as D
-    from gemm_costmodel import ops
+    from gemm_costmodel.data import dataset as D
+    from gemm_costmodel.serving import ops
     from gemm_costmodel.benchmarks import correctness as C
     from gemm_costmodel.benchmarks import provenance
     from gemm_costmodel.benchmarks.timing import GraphTimer, copies_for
     from gemm_costmodel.kernels import gemm as K
     from gemm_costmodel.kernels.gemm_configs import Problem, config_from_id
-    from gemm_costmodel.runtime import Dispatcher
+    from gemm_costmodel.serving.runtime import Dispatcher
 
     paths = sorted(p for pat in args.data for p in glob.glob(pat))
     df = D.load_dataset(paths)

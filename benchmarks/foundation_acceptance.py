@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from gemm_costmodel import shapes as S
+from gemm_costmodel.data import shapes as S
 from gemm_costmodel.benchmarks import correctness as C
 from gemm_costmodel.benchmarks import harness, precompile, provenance, timing
 from gemm_costmodel.benchmarks.store import ResultStore

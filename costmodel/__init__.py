@@ -1,7 +1,10 @@
 """The cost model and runtime (folder costmodel/, imported as ``gemm_costmodel``).
 
-Data: shapes, dataset, importers, datacard, health. Model: features, hardware,
-model, evaluate, report, export, pipeline. Runtime: runtime (``Dispatcher``),
-candidates, heuristic, ops (torch custom ops), triton_adapter. cli.py is the
-``costmodel`` command; util.py holds small helpers the benchmarks share.
+Sub-packages by concern: ``serving`` (runtime ``Dispatcher``, candidates, features,
+hardware, heuristic, ops, triton_adapter: numpy + onnxruntime, torch lazily), ``data``
+(shapes, dataset, importers, datacard, health: pandas) and ``learning`` (model, evaluate,
+report, export, pipeline: xgboost/sklearn lazily). At the top: registry.py (the op seam),
+cli.py (the ``costmodel`` command), util.py (helpers the benchmarks share), and the
+deprecated aliases runtime, ops, triton_adapter, hardware (the same module objects as
+``gemm_costmodel.serving.<name>``).
 """

@@ -18,7 +18,7 @@ def _fail(msg: str) -> int:
 
 def _shapes_from_args(args):
     from gemm_costmodel import registry
-    from gemm_costmodel import shapes as S
+    from gemm_costmodel.data import shapes as S
 
     spec = registry.get(args.op)
     out = []
@@ -174,7 +174,7 @@ def cmd_configs(args) -> int:
 
 
 def cmd_dataset(args) -> int:
-    from gemm_costmodel import dataset as D
+    from gemm_costmodel.data import dataset as D
 
     try:
         if args.action == "build":
@@ -190,7 +190,7 @@ def cmd_dataset(args) -> int:
             print(f"ok: {len(df)} rows, {df.drop_duplicates(['dtype', 'm', 'n', 'k']).shape[0]} shapes, "
                   f"schema {D.schema_hash()}")
             return 0
-        from gemm_costmodel import datacard
+        from gemm_costmodel.data import datacard
 
         rem = None
         if args.remeasure:
@@ -210,8 +210,8 @@ def cmd_dataset(args) -> int:
 def cmd_import(args) -> int:
     import pandas as pd
 
-    from gemm_costmodel import importers as I
-    from gemm_costmodel.dataset import DataError
+    from gemm_costmodel.data import importers as I
+    from gemm_costmodel.data.dataset import DataError
 
     try:
         if args.format == "csv":
@@ -233,14 +233,14 @@ def cmd_import(args) -> int:
 # -- cost model -----------------------------------------------------------------
 
 def _train_config(args):
-    from gemm_costmodel.model import TrainConfig
+    from gemm_costmodel.learning.model import TrainConfig
 
     return TrainConfig(formulation=args.formulation, n_estimators=args.trees, max_depth=args.depth,
                        learning_rate=args.eta, n_jobs=args.jobs, seed=args.seed, eval_weight=args.eval_weight)
 
 
 def _load_frame(args):
-    from gemm_costmodel.pipeline import load_training_frame
+    from gemm_costmodel.learning.pipeline import load_training_frame
 
     return load_training_frame(args.data or None, root=args.root, dtypes=args.dtype, arch=args.arch,
                                gpus=args.gpu, op=args.op)
@@ -249,7 +249,7 @@ def _load_frame(args):
 def _config_and_frame(args):
     """(TrainConfig, data frame, 0) from the shared model options, or (None, None, exit code) after a
     one-line error (bad hyperparameters, missing file, wrong schema, no rows)."""
-    from gemm_costmodel.dataset import DataError
+    from gemm_costmodel.data.dataset import DataError
 
     try:
         return _train_config(args), _load_frame(args), 0
@@ -258,7 +258,7 @@ def _config_and_frame(args):
 
 
 def _save_booster(model, df, path: str) -> None:
-    from gemm_costmodel.export import data_hash
+    from gemm_costmodel.learning.export import data_hash
 
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     model.booster_.save_model(path)
@@ -271,7 +271,7 @@ def _save_booster(model, df, path: str) -> None:
 
 
 def cmd_train(args) -> int:
-    from gemm_costmodel import pipeline
+    from gemm_costmodel.learning import pipeline
 
     cfg, df, err = _config_and_frame(args)
     if err:
@@ -290,7 +290,7 @@ def cmd_train(args) -> int:
         print(f"booster: {args.booster}")
     if not args.no_export:
         pipeline.export_model(model, df, args.out, arch=args.arch, metrics=getattr(args, "metrics_out", None))
-        from gemm_costmodel.runtime import model_name
+        from gemm_costmodel.serving.runtime import model_name
 
         companion = os.path.join(args.out, model_name(args.op, args.arch, "latency"))
         if lat is not None:
@@ -304,8 +304,8 @@ def cmd_train(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from gemm_costmodel import export as X
-    from gemm_costmodel.model import CostModel, TrainConfig
+    from gemm_costmodel.learning import export as X
+    from gemm_costmodel.learning.model import CostModel, TrainConfig
 
     side_path = args.booster + ".train.json"
     for p in (args.booster, side_path):
@@ -321,7 +321,7 @@ def cmd_export(args) -> int:
         model.booster_.load_model(args.booster)
         model.n_rows_, model.n_shapes_ = side["n_rows"], side["n_shapes"]
         model.shortlist_ = {int(b): ids for b, ids in (side.get("shortlist") or {}).items()} or None
-        from gemm_costmodel import features as F
+        from gemm_costmodel.serving import features as F
 
         if side["schema_hash"] != F.schema_hash(args.op):
             return _fail(f"{args.booster}: feature schema {side['schema_hash']} != this code's "
@@ -345,7 +345,7 @@ def _report_header(df, cfg) -> str:
 
 
 def cmd_evaluate(args) -> int:
-    from gemm_costmodel import pipeline, report
+    from gemm_costmodel.learning import pipeline, report
 
     cfg, df, err = _config_and_frame(args)
     if err:
@@ -370,17 +370,17 @@ def cmd_evaluate(args) -> int:
         if cfg.formulation != "log_latency" and rows is not None:
             # Rank/normalized scores are not latencies: the predicted-vs-measured plot shows the
             # held-out predictions of the latency companion instead.
-            from gemm_costmodel.evaluate import cross_validate
+            from gemm_costmodel.learning.evaluate import cross_validate
 
             lat_cfg = pipeline.LATENCY_COMPANION.with_(n_jobs=cfg.n_jobs, seed=cfg.seed)
             rows = cross_validate(df, lat_cfg, scheme="family" if fam is not None else "nk", baselines=False)[1]
     except ValueError as exc:
         return _fail(f"cannot evaluate: {exc}")
     path = report.write_report(args.report, fam, nk, rows, comparison, header=_report_header(df, cfg))
-    from gemm_costmodel.evaluate import metrics_table
+    from gemm_costmodel.learning.evaluate import metrics_table
 
     if getattr(args, "metrics_out", None) is not None:
-        from gemm_costmodel.pipeline import model_metrics
+        from gemm_costmodel.learning.pipeline import model_metrics
 
         args.metrics_out.update(model_metrics(fam if fam is not None else nk))
     m = metrics_table(fam if fam is not None else nk, by=["gpu_name", "dtype"])
@@ -407,7 +407,7 @@ def cmd_select(args) -> int:
     """Print the dispatcher's decision (or top k) for one problem."""
     import warnings
 
-    from gemm_costmodel.runtime import Dispatcher
+    from gemm_costmodel.serving.runtime import Dispatcher
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -432,7 +432,7 @@ def _op_arg(p) -> None:
 
 
 def _model_args(p, report: bool = False, train: bool = False) -> None:
-    from gemm_costmodel.model import TrainConfig  # numpy only: no training dependency at parse time
+    from gemm_costmodel.learning.model import TrainConfig  # numpy only: no training dependency at parse time
 
     _op_arg(p)
     p.add_argument("--data", nargs="*", help="data files (default: all parquet under --root)")

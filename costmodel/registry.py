@@ -105,9 +105,10 @@ REGISTRY: dict[str, OpSpec] = {
         name="gemm", dtypes=("bf16", "fp16", "fp8"),
         space="gemm_costmodel.kernels.gemm_configs", impl="gemm_costmodel.kernels.gemm_op",
         problem_fields=("m", "n", "k", "dtype"), fixed={"e": 1, "top_k": 1}, vendor_ids=("cublas",),
-        default_config="tiled_m128n128k64_g8_w4s3", fallback="gemm_costmodel.heuristic:choose", split_key=("n", "k"),
-        suites={"foundation": "gemm_costmodel.shapes:foundation_suite",
-                "train": "gemm_costmodel.shapes:training_suite"}),
+        default_config="tiled_m128n128k64_g8_w4s3", fallback="gemm_costmodel.serving.heuristic:choose",
+        split_key=("n", "k"),
+        suites={"foundation": "gemm_costmodel.data.shapes:foundation_suite",
+                "train": "gemm_costmodel.data.shapes:training_suite"}),
 }
 DEFAULT_OP = "gemm"
 

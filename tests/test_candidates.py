@@ -4,7 +4,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gemm_costmodel.candidates import CandidateTable, table
+from gemm_costmodel.serving.candidates import CandidateTable, table
 from gemm_costmodel.kernels import gemm_configs as G
 from gemm_costmodel.kernels.gemm_configs import Problem, check_feasible, generate_configs
 

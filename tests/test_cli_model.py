@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gemm_costmodel import features as F
+from gemm_costmodel.serving import features as F
 from gemm_costmodel.cli import main as cli_main
 
 EVAL = "datasets/gemm/fp8/eval-fp8-shard01of40.parquet"
@@ -241,7 +241,7 @@ def test_select_bad_dim_exits_2(capsys):
 
 
 def test_select_unknown_gpu_falls_back_with_a_warning(capsys, monkeypatch):
-    from gemm_costmodel import runtime
+    from gemm_costmodel.serving import runtime
 
     monkeypatch.setattr(runtime, "current_gpu_capability", lambda name: None)  # whatever GPU this machine has
     assert cli_main(["select", "16", "4096", "4096", "--gpu", "NVIDIA Foo 9000"]) == 0

@@ -10,7 +10,7 @@ import pytest
 
 from gemm_costmodel.benchmarks import harness as H
 from gemm_costmodel.kernels.gemm_configs import VARIANTS, Problem, config_from_id
-from gemm_costmodel.shapes import Shape
+from gemm_costmodel.data.shapes import Shape
 
 SHARDS = sorted(glob.glob("datasets/raw/*-shard*.jsonl.gz"))
 NAME = re.compile(r"(?P<sweep>.+)-shard(?P<i>\d+)of(?P<n>\d+)\.jsonl\.gz$")

@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gemm_costmodel import datacard as DC
-from gemm_costmodel import dataset as D
-from gemm_costmodel import importers as I
+from gemm_costmodel.data import datacard as DC
+from gemm_costmodel.data import dataset as D
+from gemm_costmodel.data import importers as I
 from gemm_costmodel.cli import main as cli_main
 
 
@@ -58,7 +58,7 @@ def test_committed_dataset_loads_typed_and_valid():
         assert (df[col].astype(str).str.len() > 0).all(), col
     # Training shapes come only from the named families.
     fams = {o.split("/")[0] for s in df["origins"] for o in s.split(";")}
-    from gemm_costmodel.shapes import TRAINING_FAMILIES
+    from gemm_costmodel.data.shapes import TRAINING_FAMILIES
     assert fams <= set(TRAINING_FAMILIES)
 
 
@@ -409,7 +409,7 @@ def test_out_of_memory_row_measured_again_by_the_same_sweep_keeps_the_evaluation
     the shape is complete again and the old row is dropped before health and merge."""
     import pandas as pd
 
-    from gemm_costmodel import dataset as D
+    from gemm_costmodel.data import dataset as D
 
     base = {"op": "gemm", "e": 1, "top_k": 1, "dtype": "bf16", "m": 8, "n": 64, "k": 64, "arch": "sm90",
             "gpu_name": "NVIDIA H100 80GB HBM3", "suite": "s", "eval_shape": True}

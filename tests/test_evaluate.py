@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gemm_costmodel import evaluate as E
-from gemm_costmodel.model import TrainConfig
-from gemm_costmodel.pipeline import load_training_frame
+from gemm_costmodel.learning import evaluate as E
+from gemm_costmodel.learning.model import TrainConfig
+from gemm_costmodel.learning.pipeline import load_training_frame
 
 FP8 = ["datasets/gemm/fp8/eval-fp8-shard01of40.parquet", "datasets/gemm/fp8/train-fp8-shard00of16.parquet"]
 

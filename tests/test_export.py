@@ -8,13 +8,14 @@ import os
 import numpy as np
 import pytest
 
-from gemm_costmodel import evaluate as E
-from gemm_costmodel import export as X
-from gemm_costmodel import features as F
-from gemm_costmodel import hardware, pipeline
-from gemm_costmodel.candidates import table as candidate_table
+from gemm_costmodel.learning import evaluate as E
+from gemm_costmodel.learning import export as X
+from gemm_costmodel.serving import features as F
+from gemm_costmodel.serving import hardware
+from gemm_costmodel.learning import pipeline
+from gemm_costmodel.serving.candidates import table as candidate_table
 from gemm_costmodel.kernels.gemm_configs import generate_configs, space_hash
-from gemm_costmodel.model import FORMULATIONS, SHORTLIST_EDGES, CostModel, TrainConfig
+from gemm_costmodel.learning.model import FORMULATIONS, SHORTLIST_EDGES, CostModel, TrainConfig
 
 ort = pytest.importorskip("onnxruntime")
 xgb = pytest.importorskip("xgboost")

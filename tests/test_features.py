@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gemm_costmodel import features as F
-from gemm_costmodel import hardware
-from gemm_costmodel.candidates import table as candidate_table
+from gemm_costmodel.serving import features as F
+from gemm_costmodel.serving import hardware
+from gemm_costmodel.serving.candidates import table as candidate_table
 
 H200 = hardware.spec_for("NVIDIA H200")
 # Features that only make sense for a tiled kernel: zero on the vendor (cuBLAS) row.

@@ -16,7 +16,7 @@ from gemm_costmodel.benchmarks.store import ResultStore, read_rows, row_key
 from gemm_costmodel.benchmarks.timing import FakeTimer
 from gemm_costmodel.kernels.gemm_configs import (PersistentConfig, Problem, VendorConfig,
                                                  feasible_configs)
-from gemm_costmodel.shapes import Shape
+from gemm_costmodel.data.shapes import Shape
 
 from conftest import PROVENANCE
 
@@ -336,7 +336,7 @@ import json, os, sys, time
 from gemm_costmodel.benchmarks import harness as H
 from gemm_costmodel.benchmarks.store import ResultStore
 from gemm_costmodel.benchmarks.timing import FakeTimer
-from gemm_costmodel.shapes import Shape
+from gemm_costmodel.data.shapes import Shape
 
 path, ready, nth, prov = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
 shapes = [Shape(*s[:4], tuple(s[4])) for s in json.loads(sys.argv[5])]

@@ -3,8 +3,8 @@ warning exactly for the shapes where more than 1% of rows failed for a reason ot
 than a compile error or a resource limit of the config."""
 import pandas as pd
 
-from gemm_costmodel import dataset as D
-from gemm_costmodel.health import failure_kind, health, is_oom
+from gemm_costmodel.data import dataset as D
+from gemm_costmodel.data.health import failure_kind, health, is_oom
 
 OOM_TEXT = "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
 

@@ -7,11 +7,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gemm_costmodel import features as F
-from gemm_costmodel import hardware
-from gemm_costmodel.model import (FORMULATIONS, SHORTLIST_EDGES, CostModel, TrainConfig, m_bucket_index, shape_ids,
-                                  targets, training_rows)
-from gemm_costmodel.pipeline import load_training_frame
+from gemm_costmodel.serving import features as F
+from gemm_costmodel.serving import hardware
+from gemm_costmodel.learning.model import (FORMULATIONS, SHORTLIST_EDGES, CostModel, TrainConfig, m_bucket_index,
+                                           shape_ids, targets, training_rows)
+from gemm_costmodel.learning.pipeline import load_training_frame
 
 FP8 = ["datasets/gemm/fp8/eval-fp8-shard01of40.parquet", "datasets/gemm/fp8/train-fp8-shard00of16.parquet"]
 # n_jobs=1: OpenMP threads spin when the CPUs are shared, which makes 2 threads far slower than 1.

@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
-from gemm_costmodel import ops
+from gemm_costmodel.serving import ops
 from gemm_costmodel.kernels import gemm as K
-from gemm_costmodel.runtime import Choice, Dispatcher
+from gemm_costmodel.serving.runtime import Choice, Dispatcher
 
 from test_runtime import GPU, tiny_model_dir
 

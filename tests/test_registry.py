@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gemm_costmodel import registry
-from gemm_costmodel.candidates import table
+from gemm_costmodel.serving.candidates import table
 
 CASES = [(name, dtype) for name in registry.names() for dtype in registry.get(name).dtypes]
 ARCHS = ("sm90", "sm80")
@@ -57,7 +57,8 @@ def test_vectorised_mask_is_check_feasible(op, dtype, m, n, k):
 def test_space_and_registry_import_no_torch(op):
     spec = registry.get(op)
     code = (f"import sys, gemm_costmodel.registry as R; R.get({op!r}).space_module(); "
-            "import gemm_costmodel.candidates, gemm_costmodel.features, gemm_costmodel.runtime; "
+            "import gemm_costmodel.serving.candidates, gemm_costmodel.serving.features, "
+            "gemm_costmodel.serving.runtime; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out.replace("'", '"')) == [], spec.space

@@ -20,10 +20,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gemm_costmodel import heuristic, runtime
-from gemm_costmodel.candidates import table
+from gemm_costmodel.serving import heuristic, runtime
+from gemm_costmodel.serving.candidates import table
 from gemm_costmodel.kernels.gemm_configs import Problem, check_feasible, config_from_id
-from gemm_costmodel.runtime import Choice, DispatchWarning, Dispatcher, check_problem, find_model, find_models
+from gemm_costmodel.serving.runtime import Choice, DispatchWarning, Dispatcher, check_problem, find_model, find_models
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARDS = [os.path.join(ROOT, "datasets", "gemm", "fp8", "eval-fp8-shard01of40.parquet"),
@@ -40,8 +40,8 @@ def tiny_model_dir(tmp_path_factory) -> str:
         missing = [p for p in SHARDS if not os.path.isfile(p)]
         if missing:
             pytest.fail(f"committed training shard missing: {missing[0]}")  # the data ships with the repo
-        from gemm_costmodel.model import CostModel, TrainConfig
-        from gemm_costmodel.pipeline import export_model, load_training_frame
+        from gemm_costmodel.learning.model import CostModel, TrainConfig
+        from gemm_costmodel.learning.pipeline import export_model, load_training_frame
 
         df = load_training_frame(SHARDS)
         m = CostModel(TrainConfig(formulation="log_latency", n_estimators=20, max_depth=4)).fit(df)
@@ -554,7 +554,7 @@ def test_precompute_fills_the_cache(model_dir, monkeypatch):
     assert d2.cache_info()["entries"] == 15
 
 
-@pytest.mark.filterwarnings("ignore::gemm_costmodel.runtime.DispatchWarning")
+@pytest.mark.filterwarnings("ignore::gemm_costmodel.serving.runtime.DispatchWarning")
 def test_threads_get_the_single_threaded_answers(model_dir):
     rng = np.random.default_rng(1)
     ms = [1, 2, 7, 16, 17, 64, 65, 300, 1024, 4097]
@@ -601,7 +601,8 @@ def test_threads_get_the_single_threaded_answers(model_dir):
 # -- imports -------------------------------------------------------------------------------------
 
 def test_serving_path_imports_no_training_stack():
-    code = ("import sys, gemm_costmodel.runtime, gemm_costmodel.ops, gemm_costmodel.triton_adapter; "
+    code = ("import sys, gemm_costmodel.serving.runtime, gemm_costmodel.serving.ops, "
+            "gemm_costmodel.serving.triton_adapter; "
             "bad=[m for m in ('xgboost','pandas','sklearn','onnxmltools') if m in sys.modules]; assert not bad, bad")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]

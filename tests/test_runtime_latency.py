@@ -5,9 +5,9 @@ import shutil
 import pytest
 
 from gemm_costmodel.kernels.gemm_configs import Problem, check_feasible, config_from_id
-from gemm_costmodel.model import CostModel, TrainConfig
-from gemm_costmodel.pipeline import LATENCY_COMPANION, export_model, load_training_frame
-from gemm_costmodel.runtime import Dispatcher
+from gemm_costmodel.learning.model import CostModel, TrainConfig
+from gemm_costmodel.learning.pipeline import LATENCY_COMPANION, export_model, load_training_frame
+from gemm_costmodel.serving.runtime import Dispatcher
 
 H100 = "NVIDIA H100 80GB HBM3"
 DATA = ["datasets/gemm/fp8/eval-fp8-shard01of40.parquet"]

@@ -11,13 +11,13 @@ import os
 
 import pytest
 
-from gemm_costmodel.runtime import Dispatcher
+from gemm_costmodel.serving.runtime import Dispatcher
 
 PATH = os.path.join(os.path.dirname(__file__), "data", "shipped_decisions.csv")
 
 
 def write_decisions(path=PATH, root="datasets"):  # pragma: no cover - run by hand after retraining
-    from gemm_costmodel import dataset as D
+    from gemm_costmodel.data import dataset as D
 
     df = D.load_dataset(root=root)
     ev = df[df["eval_shape"].astype(bool)].drop_duplicates(["gpu_name", "dtype", "m", "n", "k"])

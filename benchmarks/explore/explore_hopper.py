@@ -33,7 +33,7 @@ import time
 
 import torch
 
-from gemm_costmodel import shapes as S
+from gemm_costmodel.data import shapes as S
 from gemm_costmodel.benchmarks import correctness as C
 from gemm_costmodel.benchmarks import provenance, summary, timing
 from gemm_costmodel.kernels import gemm

@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from gemm_costmodel import shapes as S
+from gemm_costmodel.data import shapes as S
 from gemm_costmodel.benchmarks import correctness as C
 from gemm_costmodel.benchmarks import precompile, timing
 from gemm_costmodel.kernels.gemm_configs import (ARCHS, Problem, SplitKConfig, VendorConfig, check_feasible,

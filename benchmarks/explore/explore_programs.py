@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gemm_costmodel import shapes as S
+from gemm_costmodel.data import shapes as S
 from gemm_costmodel.benchmarks import harness, precompile, provenance, timing
 from gemm_costmodel.benchmarks.store import ResultStore, read_rows
 from gemm_costmodel.kernels import gemm

@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from gemm_costmodel import shapes as S
+from gemm_costmodel.data import shapes as S
 from gemm_costmodel.benchmarks import correctness as C
 from gemm_costmodel.benchmarks import provenance, summary, timing
 from gemm_costmodel.kernels.gemm_configs import DTYPE_BYTES, Problem, VendorConfig, feasible_configs

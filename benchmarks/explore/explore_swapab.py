@@ -27,7 +27,7 @@ import os
 import sys
 import time
 
-from gemm_costmodel import shapes as S
+from gemm_costmodel.data import shapes as S
 from gemm_costmodel.benchmarks import summary
 from gemm_costmodel.benchmarks.precompile import probe
 from gemm_costmodel.kernels.gemm_configs import (ARCHS, DTYPE_BYTES, Problem, VendorConfig, config_from_id,

@@ -1,5 +1,5 @@
 """GPU check of the torch custom ops after the op-registry refactor: dispatch + launch
-through ``gemm_costmodel.ops`` (eager, torch.compile fullgraph, CUDA-graph replay) on bf16
+through ``gemm_costmodel.serving.ops`` (eager, torch.compile fullgraph, CUDA-graph replay) on bf16
 and fp8 shapes against an fp32 reference. Prints one line per case; exits 1 on a failure.
 
     python benchmarks/explore/ops_check.py
@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from gemm_costmodel import ops
+from gemm_costmodel.serving import ops
 from gemm_costmodel.kernels.gemm_op import ERROR_BOUNDS, make_operands, reference
 from gemm_costmodel.kernels.gemm_configs import Problem
 

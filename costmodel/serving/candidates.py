@@ -11,7 +11,7 @@ from typing import NamedTuple
 import numpy as np
 
 from gemm_costmodel import registry
-from gemm_costmodel.features import PARAMS, VARIANT_CODES
+from gemm_costmodel.serving.features import PARAMS, VARIANT_CODES
 
 
 def arch_has_fp8(arch: str | None) -> bool | None:

@@ -315,7 +315,7 @@ def unresolved_oom(df: pd.DataFrame) -> pd.Series:
     """Out-of-memory rows whose key the same sweep did not measure again. The harness
     retries such a candidate on resume and appends the new row; the old one then tells
     nothing about the shape."""
-    from gemm_costmodel.health import is_oom
+    from gemm_costmodel.data.health import is_oom
 
     oom = is_oom(df)
     if not oom.any():
@@ -326,7 +326,7 @@ def unresolved_oom(df: pd.DataFrame) -> pd.Series:
 
 def drop_resolved_oom(df: pd.DataFrame) -> pd.DataFrame:
     """The frame without out-of-memory rows that a later row of the same key and sweep replaced."""
-    from gemm_costmodel.health import is_oom
+    from gemm_costmodel.data.health import is_oom
 
     oom = is_oom(df)
     if not oom.any():

@@ -15,9 +15,10 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from gemm_costmodel import features as F
-from gemm_costmodel import hardware, registry
-from gemm_costmodel.model import SHAPE_COLS, CostModel, TrainConfig, training_rows
+from gemm_costmodel.serving import features as F
+from gemm_costmodel.serving import hardware
+from gemm_costmodel import registry
+from gemm_costmodel.learning.model import SHAPE_COLS, CostModel, TrainConfig, training_rows
 from gemm_costmodel.util import geomean  # noqa: F401 - geomean is part of this API
 
 TOPK = (1, 2, 4, 8)

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from gemm_costmodel.util import markdown_table
-from gemm_costmodel.evaluate import METHODS, loss_breakdown, m_bucket, metrics_table
+from gemm_costmodel.learning.evaluate import METHODS, loss_breakdown, m_bucket, metrics_table
 
 HEADLINE = ["shapes", "top1_match", "match_2pct", "geomean_slowdown", "p95_slowdown", "p99_slowdown",
             "max_slowdown", "speedup_vs_cublas"]

@@ -4,7 +4,7 @@ onnxmltools converts XGBoost regressors but not rankers, so every booster is
 first re-declared as a squared-error regressor: the trees and the base score are
 unchanged, hence the ONNX output equals the booster's margin for every
 formulation. Feature names are cleared (onnxmltools expects f0..fN); the column
-order is ``gemm_costmodel.features.FEATURE_NAMES``, recorded in the manifest
+order is ``gemm_costmodel.serving.features.FEATURE_NAMES``, recorded in the manifest
 together with the schema hash the runtime checks.
 """
 from __future__ import annotations
@@ -17,9 +17,9 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from gemm_costmodel import features as F
-from gemm_costmodel.model import SHORTLIST_EDGES
-from gemm_costmodel.runtime import model_name  # defined there: the runtime prefers the exported name
+from gemm_costmodel.serving import features as F
+from gemm_costmodel.learning.model import SHORTLIST_EDGES
+from gemm_costmodel.serving.runtime import model_name  # defined there: the runtime prefers the exported name
 
 TARGET_OPSET = 15
 INPUT_NAME = "features"

@@ -17,7 +17,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from gemm_costmodel.hardware import GpuSpec
+from gemm_costmodel.serving.hardware import GpuSpec
 from gemm_costmodel.kernels.gemm_configs import DTYPE_BYTES as IN_BYTES
 from gemm_costmodel.kernels.gemm_configs import OUT_DTYPE, VARIANT_CODES
 from gemm_costmodel.kernels.gemm_configs import PARAM_NAMES as PARAMS
@@ -203,7 +203,7 @@ def problem_columns(m: int, n: int, k: int, dtype: str, spec: GpuSpec, variant_c
 
 
 def from_frame(df, spec_for: Callable[[str], GpuSpec]) -> np.ndarray:
-    """Features of a dataset frame (columns of gemm_costmodel.dataset.SCHEMA)."""
+    """Features of a dataset frame (columns of gemm_costmodel.data.dataset.SCHEMA)."""
     cols = {c: df[c].to_numpy(dtype=np.float64) for c in ("m", "n", "k", "e", "top_k", *PARAMS)}
     dtypes = df["dtype"].astype(str).to_numpy()
     cols["dtype_code"] = np.array([DTYPE_CODES[d] for d in dtypes], dtype=np.float64)

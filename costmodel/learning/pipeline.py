@@ -15,11 +15,11 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from gemm_costmodel import dataset as D
+from gemm_costmodel.data import dataset as D
 from gemm_costmodel import registry
-from gemm_costmodel import evaluate as E
-from gemm_costmodel import hardware
-from gemm_costmodel.model import CostModel, TrainConfig, training_rows
+from gemm_costmodel.learning import evaluate as E
+from gemm_costmodel.serving import hardware
+from gemm_costmodel.learning.model import CostModel, TrainConfig, training_rows
 
 Log = Callable[[str], None]
 
@@ -49,7 +49,7 @@ def load_training_frame(paths=None, root: str = "datasets", dtypes=None, arch: s
     if unknown:
         # The features need the GPU's numbers: fail here, with the name, rather than mid-training.
         raise D.DataError(f"unknown GPU {unknown[0]!r} in the data: describe it with "
-                          "gemm_costmodel.hardware.register() or COSTMODEL_GPU_SPECS")
+                          "gemm_costmodel.serving.hardware.register() or COSTMODEL_GPU_SPECS")
     # Categories of filtered-out values would linger in groupbys and tables.
     return out.assign(**{c: out[c].astype(str) for c in ("dtype", "gpu_name", "variant", "family")}).reset_index(drop=True)
 
@@ -139,7 +139,7 @@ LATENCY_COMPANION = TrainConfig(formulation="log_latency", n_estimators=100, max
 def export_model(model: CostModel, df: pd.DataFrame, out_dir: str, arch: str = "sm90",
                  metrics: dict | None = None, log: Log = _print, role: str = "decision") -> tuple[str, str]:
     """ONNX + manifest for the model, serving every dtype it was trained on."""
-    from gemm_costmodel import export as X
+    from gemm_costmodel.learning import export as X
 
     op = getattr(model, "op_", registry.DEFAULT_OP)
     dtypes = sorted(df["dtype"].unique())

@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from gemm_costmodel import features as F
-from gemm_costmodel import hardware
+from gemm_costmodel.serving import features as F
+from gemm_costmodel.serving import hardware
 
 FORMULATIONS = ("log_latency", "normalized", "rank")
 SHAPE_COLS = ["gpu_name", "op", "dtype", "m", "n", "k", "e", "top_k"]
@@ -121,7 +121,7 @@ class CostModel:
         self.config = config or TrainConfig()
 
     def fit(self, df, progress=None) -> "CostModel":
-        """Train on a dataset frame (gemm_costmodel.dataset schema). Returns self."""
+        """Train on a dataset frame (gemm_costmodel.data.dataset schema). Returns self."""
         import xgboost as xgb
 
         rows = training_rows(df, self.config.stable_only)

@@ -1,0 +1,135 @@
+"""Known GPUs described by numbers, so the cost model sees a GPU as data, not a name.
+
+The features use these numbers (SM count, shared memory, L2, peak FLOP/s, HBM
+bandwidth); a GPU missing from the table can be described with ``register`` (or
+``COSTMODEL_GPU_SPECS``, a JSON file of a list of GpuSpec fields) without code
+changes. Peak numbers are the vendor's dense (no sparsity) figures.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, fields
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU model. ``match`` is a case-insensitive substring of the device name."""
+
+    name: str
+    match: str
+    arch: str
+    sm_count: int
+    smem_per_sm_kb: float
+    l2_mb: float
+    tflops_16bit: float  # dense bf16/fp16 tensor-core peak
+    tflops_fp8: float  # dense fp8 tensor-core peak (0 = no fp8 tensor cores)
+    hbm_gbps: float
+
+    def peak_tflops(self, dtype: str) -> float:
+        """Dense tensor-core peak for an input dtype (fp32 runs as tf32: half the 16-bit peak)."""
+        if dtype == "fp8":
+            return self.tflops_fp8 or self.tflops_16bit
+        if dtype == "fp32":
+            return self.tflops_16bit / 2
+        return self.tflops_16bit
+
+
+# Order matters: the first spec whose `match` is in the name wins, so the more
+# specific names (H100 PCIe, H100 NVL) come before the generic H100 (SXM), and
+# GH200 before H200 (every GH200 name contains 'H200').
+_GPUS: list[GpuSpec] = [
+    GpuSpec("GH200", "GH200", "sm90", 132, 228, 60, 989, 1979, 4000),
+    GpuSpec("H200", "H200", "sm90", 132, 228, 60, 989, 1979, 4800),
+    GpuSpec("H20", "H20", "sm90", 78, 228, 60, 148, 296, 4000),
+    GpuSpec("H100 PCIe", "H100 PCIE", "sm90", 114, 228, 50, 756, 1513, 2000),
+    GpuSpec("H100 NVL", "H100 NVL", "sm90", 132, 228, 50, 835, 1671, 3900),
+    GpuSpec("H100 SXM", "H100", "sm90", 132, 228, 50, 989, 1979, 3350),
+    GpuSpec("A100", "A100", "sm80", 108, 164, 40, 312, 0, 2039),
+    GpuSpec("L40S", "L40S", "sm89", 142, 100, 96, 362, 733, 864),
+]
+
+
+_STR_FIELDS = ("name", "match", "arch")
+
+
+def _spec_from_json(i: int, entry, where: str) -> GpuSpec:
+    """Entry i of COSTMODEL_GPU_SPECS as a GpuSpec, or a one-line ValueError naming the field."""
+    names = [f.name for f in fields(GpuSpec)]
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where}: entry {i} must be an object with the fields {', '.join(names)}, "
+                         f"got {type(entry).__name__}")
+    missing = [n for n in names if n not in entry]
+    unknown = sorted(str(n) for n in entry if n not in names)
+    if missing or unknown:
+        parts = ([f"missing field(s) {', '.join(missing)}"] if missing else []) + \
+                ([f"unknown field(s) {', '.join(unknown)}"] if unknown else [])
+        raise ValueError(f"{where}: entry {i}: {'; '.join(parts)} (fields: {', '.join(names)})")
+    for n in names:
+        v = entry[n]
+        if n in _STR_FIELDS:
+            # An empty `match` would be a substring of every device name.
+            if not isinstance(v, str) or not v.strip():
+                raise ValueError(f"{where}: entry {i}: {n} must be a non-empty string, got {v!r}")
+        elif n == "sm_count":
+            if type(v) is not int or v < 1:
+                raise ValueError(f"{where}: entry {i}: sm_count must be an int >= 1, got {v!r}")
+        elif type(v) not in (int, float) or not math.isfinite(v) or v < 0 or (v == 0 and n != "tflops_fp8"):
+            low = ">= 0 (0: no fp8 tensor cores)" if n == "tflops_fp8" else "> 0"
+            raise ValueError(f"{where}: entry {i}: {n} must be a number {low}, got {v!r}")
+    return GpuSpec(**entry)
+
+
+def _extra_specs() -> list[GpuSpec]:
+    """The GPUs described by the JSON file COSTMODEL_GPU_SPECS names (a list of GpuSpec fields), if set.
+    Any problem with it is a one-line ValueError naming the variable and the file."""
+    path = os.environ.get("COSTMODEL_GPU_SPECS")
+    if not path:
+        return []
+    where = f"COSTMODEL_GPU_SPECS={path}"
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except OSError as exc:
+        raise ValueError(f"{where}: cannot read the file ({exc.strerror or exc})") from None
+    except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
+        raise ValueError(f"{where}: not valid JSON ({exc})") from None
+    if not isinstance(data, list):
+        raise ValueError(f"{where}: expected a JSON list of GPU descriptions, got {type(data).__name__}")
+    return [_spec_from_json(i, entry, where) for i, entry in enumerate(data)]
+
+
+def register(spec: GpuSpec) -> None:
+    """Describe another GPU (takes precedence over the built-in table)."""
+    _GPUS.insert(0, spec)
+
+
+def known_gpus() -> list[GpuSpec]:
+    """The table, user-registered and COSTMODEL_GPU_SPECS entries first."""
+    return _extra_specs() + list(_GPUS)
+
+
+def lookup(gpu_name: str) -> GpuSpec | None:
+    """The spec whose `match` occurs in gpu_name (case-insensitive), or None."""
+    if not isinstance(gpu_name, str):
+        raise ValueError(f"gpu_name must be a str (a CUDA device name), got {type(gpu_name).__name__} {gpu_name!r}")
+    up = gpu_name.upper()
+    for spec in known_gpus():
+        if spec.match.upper() in up:
+            return spec
+    return None
+
+
+def spec_for(gpu_name: str) -> GpuSpec:
+    """Like lookup, but raises a ValueError naming the GPU when it is unknown."""
+    spec = lookup(gpu_name)
+    if spec is None:
+        raise ValueError(f"unknown GPU {gpu_name!r}: describe it with gemm_costmodel.serving.hardware.register() "
+                         "or COSTMODEL_GPU_SPECS")
+    return spec
+
+
+def as_dict(spec: GpuSpec) -> dict:
+    """The spec's fields, for manifests."""
+    return asdict(spec)

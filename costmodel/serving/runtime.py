@@ -1,0 +1,549 @@
+"""Runtime dispatch: pick the GEMM candidate for a problem, on the host, without a GPU sync.
+
+Precedence (documented in the README):
+1. a tuned table with an exact hit (the project's JSON, or the persisted cache of
+   unsure mode) wins;
+2. otherwise the shipped ONNX model ranks every feasible candidate in one
+   ``session.run``;
+3. with no usable model (missing, corrupt, schema-hash or arch mismatch, an .onnx
+   that does not match its manifest's size and sha256, unknown GPU), the hand
+   heuristic of ``gemm_costmodel.serving.heuristic`` decides. The reason is warned once; the
+   serving path never raises for a model problem.
+
+Candidates come only from the space of the GPU's arch (``Dispatcher.space_arch``);
+a GPU whose arch has no space (sm89, sm100, or unknown) gets the vendor library
+(source 'vendor') with one warning, and fp8 on a GPU without fp8 tensor cores
+raises ValueError.
+
+Only numpy and onnxruntime are imported here (torch only to name the current GPU
+when none is given, and to ask the compute capability of a GPU missing from the
+hardware table). Decisions are cached in a thread-safe LRU keyed by the problem.
+Bad input raises ValueError naming the field.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from gemm_costmodel.serving import features as F
+from gemm_costmodel.serving import hardware
+from gemm_costmodel import registry
+from gemm_costmodel.serving.candidates import arch_has_fp8
+from gemm_costmodel.serving.candidates import table as candidate_table
+
+DTYPES = ("bf16", "fp16", "fp8")
+# The kernels were written and tested for 32-bit sizes (no int64 casts in their index math): larger
+# problems are refused here rather than risking wrapped offsets.
+MAX_DIM = 2**31 - 1
+# The dense GEMM's vendor candidate (gemm_configs.VendorConfig): torch.mm, or torch._scaled_mm for fp8.
+VENDOR = registry.get("gemm").vendor_ids[0]
+# costmodel/serving/runtime.py -> the repository's models/ folder.
+DEFAULT_MODELS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                  "models")
+
+
+def _models_dir() -> str:
+    """The shipped models: the installed gemm_costmodel.models package (or COSTMODEL_MODELS_DIR)."""
+    env = os.environ.get("COSTMODEL_MODELS_DIR")
+    if env:
+        return env
+    try:
+        import gemm_costmodel.models as pkg
+
+        return os.path.dirname(os.path.abspath(pkg.__file__))
+    except ImportError:  # pragma: no cover - the package always ships models/
+        return DEFAULT_MODELS_DIR
+
+
+class DispatchWarning(UserWarning):
+    """A degraded dispatch (no usable model): the reason is in the message."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A dispatch decision: the config id, who decided, and the model's latency estimate (if any)."""
+
+    candidate: str
+    source: str  # 'table', 'model', 'heuristic', or 'vendor' (no candidate space for the GPU's arch)
+    predicted_us: float | None = None
+    score: float | None = None
+
+
+def check_problem(m, n, k, dtype, e=1, top_k=1) -> None:
+    """Raise ValueError naming the bad field."""
+    for name, v in (("M", m), ("N", n), ("K", k), ("E", e), ("top_k", top_k)):
+        if type(v) is not int and not isinstance(v, (np.integer,)):
+            raise ValueError(f"{name} must be an int, got {type(v).__name__} {v!r}")
+        if v < 1:
+            raise ValueError(f"{name} must be >= 1, got {v}")
+        if v > MAX_DIM and name in ("M", "N", "K"):
+            raise ValueError(f"{name} must be <= 2**31 - 1 ({MAX_DIM}), got {v}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if top_k > e:
+        raise ValueError(f"top_k ({top_k}) must be <= E ({e})")
+
+
+def current_gpu_name() -> str | None:
+    """Name of the current CUDA device, or None without one (torch imported lazily)."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(torch.cuda.current_device())
+    except Exception:  # noqa: BLE001 - no torch or no driver: no GPU
+        pass
+    return None
+
+
+def current_gpu_capability(gpu_name: str) -> tuple[int, int] | None:
+    """(major, minor) compute capability of the current CUDA device if it is named gpu_name, else None
+    (no GPU, no torch, or a name that is another device's). torch is imported lazily: only the
+    dispatcher of a GPU missing from the hardware table asks."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            dev = torch.cuda.current_device()
+            if torch.cuda.get_device_name(dev) == gpu_name:
+                major, minor = torch.cuda.get_device_capability(dev)
+                return int(major), int(minor)
+    except Exception:  # noqa: BLE001 - no torch or no driver: nothing to ask
+        pass
+    return None
+
+
+def arch_of_capability(capability: tuple[int, int]) -> str:
+    """'sm<major><minor>', the arch naming of the hardware table and the config spaces: (9, 0) -> 'sm90'."""
+    major, minor = capability
+    return f"sm{major}{minor}"
+
+
+class _OnnxModel:
+    """A loaded ONNX model and its manifest; the session is created once and kept."""
+
+    def __init__(self, onnx_path: str, manifest: dict, threads: int = 1):
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(onnx_path, sess_options=so, providers=["CPUExecutionProvider"])
+        self.manifest = manifest
+        self.input_name = manifest.get("input_name", self.session.get_inputs()[0].name)
+        self.sign = float(manifest.get("score_sign", 1.0))
+        self.latency = bool(manifest.get("predicts_log2_latency_us", False))
+        self.path = onnx_path
+        sl = manifest.get("shortlist") or {}
+        self.m_edges = np.asarray(sl.get("m_edges", []), dtype=np.int64)
+        self.buckets = {int(b): frozenset(ids) for b, ids in (sl.get("buckets") or {}).items()}
+        self._masks: dict[tuple[str, str, int], np.ndarray] = {}
+
+    def shortlist_mask(self, ct, m: int) -> np.ndarray | None:
+        """Candidate-table mask of the shortlist of M's bucket (None: score everything)."""
+        if not self.buckets:
+            return None
+        b = int(np.searchsorted(self.m_edges, m, side="left"))
+        key = (ct.arch, ct.dtype, b)  # a mask indexes one candidate table: one per (arch, dtype)
+        mask = self._masks.get(key)
+        if mask is None:
+            ids = self.buckets.get(b, frozenset())
+            mask = np.array([cid in ids for cid in ct.ids], dtype=bool)
+            self._masks[key] = mask
+        return mask
+
+    def score(self, X: np.ndarray) -> np.ndarray:
+        out = self.session.run(None, {self.input_name: np.ascontiguousarray(X, dtype=np.float32)})[0]
+        return self.sign * np.asarray(out, dtype=np.float64).reshape(-1)
+
+
+def model_name(op: str, arch: str, role: str = "decision") -> str:
+    """File stem of a shipped model: <op>-<arch> for the decision model, <op>-<arch>-latency for its
+    latency companion (the manifest lists the dtypes both serve)."""
+    return f"{op}-{arch}" if role == "decision" else f"{op}-{arch}-{role}"
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _integrity_problem(onnx_path: str, man: dict) -> str | None:
+    """Why the ONNX file is not the one the manifest describes (onnx_bytes, onnx_sha256), or None.
+
+    Manifests written before these fields existed have neither: they are served unchecked."""
+    problems = []
+    size, digest = man.get("onnx_bytes"), man.get("onnx_sha256")
+    if size is not None:
+        if type(size) is not int:
+            return f"onnx_bytes must be an int, got {size!r}"
+        actual = os.path.getsize(onnx_path)
+        if actual != size:
+            problems.append(f"{actual} bytes, the manifest's onnx_bytes says {size}")
+    if digest is not None:
+        if not isinstance(digest, str):
+            return f"onnx_sha256 must be a hex string, got {digest!r}"
+        actual = _sha256(onnx_path)
+        if actual != digest.lower():
+            problems.append(f"sha256 {actual[:12]}.., the manifest's onnx_sha256 says {digest[:12]}..")
+    return "; ".join(problems) or None
+
+
+def find_models(models_dir: str, op: str, dtype: str, arch: str,
+                role: str = "decision") -> tuple[list[tuple[str, dict]], list[str]]:
+    """Every model of this role that serves (op, dtype, arch) and passes the manifest checks, best first,
+    and why the other manifests that would serve it were skipped.
+
+    Checks, per manifest: readable JSON object; op, dtype and role served; arch; feature schema hash;
+    the .onnx beside it exists and matches the manifest's onnx_bytes and onnx_sha256. A stale or broken
+    manifest is skipped, never allowed to hide a valid one. Order: the exported name
+    (``model_name(op, arch, role)`` + ".json") first, then the others by file name, so a copy such as
+    ``gemm-sm90-old.json`` lying beside ``gemm-sm90.json`` never wins over it."""
+    if not os.path.isdir(models_dir):
+        return [], [f"model folder {models_dir} does not exist"]
+    canonical = model_name(op, arch, role) + ".json"
+    names = sorted((n for n in os.listdir(models_dir) if n.endswith(".json")), key=lambda n: (n != canonical, n))
+    found, reasons = [], []
+    for name in names:
+        path = os.path.join(models_dir, name)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                man = json.load(fh)
+        except (OSError, ValueError) as exc:
+            reasons.append(f"{name}: unreadable manifest ({str(exc)[:120]})")
+            continue
+        dtypes = man.get("dtypes", []) if isinstance(man, dict) else None
+        if not isinstance(dtypes, list):  # a manifest of the wrong shape is skipped like a foreign one
+            reasons.append(f"{name}: malformed manifest")
+            continue
+        if not (man.get("op") == op and dtype in dtypes and man.get("role", "decision") == role):
+            continue
+        if man.get("arch") != arch:
+            reasons.append(f"{name} is for arch {man.get('arch')}, this GPU is {arch}")
+            continue
+        if man.get("feature_schema_hash") != F.schema_hash(op):
+            reasons.append(f"{name}: feature schema hash {man.get('feature_schema_hash')} != "
+                           f"this code's {F.schema_hash(op)}")
+            continue
+        onnx_path = os.path.join(models_dir, name[:-5] + ".onnx")
+        if not os.path.isfile(onnx_path):
+            reasons.append(f"{name}: model file {os.path.basename(onnx_path)} is missing")
+            continue
+        try:
+            problem = _integrity_problem(onnx_path, man)
+        except OSError as exc:
+            problem = f"cannot read it ({exc.strerror or exc})"
+        if problem:
+            reasons.append(f"{name}: {os.path.basename(onnx_path)} does not match its manifest ({problem})")
+            continue
+        found.append((onnx_path, man))
+    return found, reasons
+
+
+def find_model(models_dir: str, op: str, dtype: str, arch: str,
+               role: str = "decision") -> tuple[str, dict] | tuple[None, str]:
+    """(onnx path, manifest) of the preferred model of this role serving (op, dtype, arch), or (None, reason).
+    See ``find_models`` for the checks and the order."""
+    found, reasons = find_models(models_dir, op, dtype, arch, role)
+    if found:
+        return found[0]
+    return None, "; ".join(reasons) or f"no {op} model for {dtype} on {arch} in {models_dir}"
+
+
+class Dispatcher:
+    """Chooses (and ranks) candidates for GEMM problems on one GPU.
+
+    gpu_name: the device name (default: the current CUDA device); it selects the
+    arch and the GPU numbers the features use. The arch comes from the hardware
+    table, or for a GPU missing from it from torch's compute capability when the
+    name is the current device's. Candidates come only from the arch's own space
+    (``space_arch``; gemm_configs.ARCHS: sm90, sm80); on any other or unknown arch
+    every decision is the vendor library (source 'vendor', one DispatchWarning).
+    fp8 needs fp8 tensor cores (sm89 and up): where the GPU has none (A100), fp8
+    problems raise ValueError, since no candidate, not even the vendor's, runs them.
+    tuned_table: a path or dict of exact-hit decisions ({"<dtype>:<M>x<N>x<K>":
+    "config id"}; see ``add_tuned_table``).
+    cache_size: LRU capacity of decisions. threads: onnxruntime intra-op threads.
+    precompute: {dtype: [(N, K), ...]} to decide at load time over the default M grid
+    (powers of two up to 16384), so serving starts with a warm cache.
+    """
+
+    def __init__(self, gpu_name: str | None = None, models_dir: str | None = None, tuned_table=None,
+                 cache_size: int = 65536, threads: int = 1, op: str = "gemm", precompute=None):
+        if gpu_name is None:
+            gpu_name = current_gpu_name() or "unknown"
+        elif not isinstance(gpu_name, str):
+            raise ValueError(f"gpu_name must be a str (a CUDA device name), got {type(gpu_name).__name__} "
+                             f"{gpu_name!r}")
+        self.gpu_name = gpu_name
+        self.models_dir = models_dir if models_dir is not None else _models_dir()
+        self._op = registry.get(op)  # ValueError naming the known ops
+        self.op = op
+        self.threads = threads
+        self.spec = hardware.lookup(self.gpu_name)
+        capability = None if self.spec is not None else current_gpu_capability(self.gpu_name)
+        self.arch = self.spec.arch if self.spec else (arch_of_capability(capability) if capability else None)
+        # The arch whose candidate space this GPU runs, or None: then only the vendor library is offered.
+        # Exact match only: sm86/sm89 have less shared memory than the sm80 space assumes.
+        archs = self._op.space_module().ARCHS
+        self.space_arch = self.arch if self.arch in archs else None
+        # True/False, or None when nothing says (a GPU missing from the table, not the current device).
+        self.fp8_supported = (self.spec.tflops_fp8 > 0) if self.spec else arch_has_fp8(self.arch)
+        if self.space_arch is not None:
+            self._vendor_reason = None
+        elif self.arch is None:
+            self._vendor_reason = (f"unknown GPU {self.gpu_name!r}, arch unknown: no candidate space is known to "
+                                   "run on it (describe it with gemm_costmodel.serving.hardware.register or "
+                                   "COSTMODEL_GPU_SPECS)")
+        else:
+            self._vendor_reason = (f"{self.gpu_name!r} is {self.arch}: Triton candidate spaces exist only for "
+                                   f"{', '.join(sorted(archs))}")
+        self._tuned: dict[tuple, str] = {}
+        if tuned_table is not None:
+            self.add_tuned_table(tuned_table)
+        self._cache: OrderedDict = OrderedDict()
+        self._cache_size = max(int(cache_size), 1)
+        self._lock = threading.Lock()
+        self._models: dict[str, _OnnxModel | None] = {}
+        self._latency_models: dict[str, _OnnxModel | None] = {}
+        self._model_lock = threading.Lock()
+        self._warned: set[str] = set()
+        self.fallback_reasons: dict[str, str] = {}
+        for dtype, pairs in (precompute or {}).items():
+            self.precompute(pairs, dtype)
+
+    # -- model loading ----------------------------------------------------------
+    def _warn_once(self, reason: str, to: str = "the heuristic") -> None:
+        msg = f"gemm_costmodel: falling back to {to}: {reason}"
+        if msg not in self._warned:
+            self._warned.add(msg)
+            warnings.warn(msg, DispatchWarning, stacklevel=4)
+
+    def _load_first(self, dtype: str, role: str) -> tuple[_OnnxModel | None, str]:
+        """The first model of find_models' order that loads, or (None, every reason)."""
+        found, reasons = find_models(self.models_dir, self.op, dtype, self.arch, role)
+        for path, man in found:
+            try:
+                model = _OnnxModel(path, man, self.threads)
+                n_in = model.session.get_inputs()[0].shape[-1]
+                if n_in in (None, len(F.FEATURE_NAMES)) or isinstance(n_in, str):
+                    return model, ""
+                reasons.append(f"{os.path.basename(path)}: expects {n_in} features")
+            except Exception as exc:  # noqa: BLE001 - any broken model file means: try the next, then fall back
+                reasons.append(f"{os.path.basename(path)}: cannot load ({type(exc).__name__}: {str(exc)[:120]})")
+        return None, "; ".join(reasons) or f"no {self.op} model for {dtype} on {self.arch} in {self.models_dir}"
+
+    def model_for(self, dtype: str) -> _OnnxModel | None:
+        """The loaded model serving dtype on this GPU, or None (reason in fallback_reasons)."""
+        if dtype in self._models:
+            return self._models[dtype]
+        with self._model_lock:
+            if dtype in self._models:
+                return self._models[dtype]
+            model, reason = None, ""
+            if self.spec is None:
+                reason = (f"unknown GPU {self.gpu_name!r} (describe it with gemm_costmodel.serving.hardware.register "
+                          "or COSTMODEL_GPU_SPECS)")
+            else:
+                model, reason = self._load_first(dtype, "decision")
+            if model is None:
+                self.fallback_reasons[dtype] = reason
+                self._warn_once(reason)
+            self._models[dtype] = model
+            return model
+
+    def latency_model_for(self, dtype: str) -> _OnnxModel | None:
+        """The log-latency companion of a rank/normalized decision model (None if absent or unusable)."""
+        if dtype in self._latency_models:
+            return self._latency_models[dtype]
+        with self._model_lock:
+            model = None
+            if self.spec is not None:  # latencies are optional annotations: no warning without them
+                model, _ = self._load_first(dtype, "latency")
+            self._latency_models[dtype] = model
+            return model
+
+    # -- tuned tables ----------------------------------------------------------------
+    def add_tuned_table(self, table) -> None:
+        """Add exact-hit decisions: a dict or a JSON file {"entries": {"<dtype>:<M>x<N>x<K>": id}} (or flat)."""
+        if isinstance(table, (str, os.PathLike)):
+            with open(table, encoding="utf-8") as fh:
+                table = json.load(fh)
+        entries = table.get("entries", table) if isinstance(table, dict) else {}
+        # A table serves one op (its "op" field; dense GEMM when absent); lookups are by this
+        # dispatcher's op, so another op's table never answers here.
+        op = table.get("op", registry.DEFAULT_OP) if isinstance(table, dict) and "entries" in table else \
+            registry.DEFAULT_OP
+        registry.get(op)
+        entries = {k: v for k, v in entries.items() if k != "op"}
+        for key, cid in entries.items():
+            cid = cid["candidate"] if isinstance(cid, dict) else cid
+            try:
+                dtype, dims = key.split(":")
+                m, n, k = (int(v) for v in dims.split("x"))
+            except ValueError:
+                raise ValueError(f"tuned table key {key!r}: expected '<dtype>:<M>x<N>x<K>'") from None
+            self._tuned[(op, m, n, k, dtype, 1, 1)] = str(cid)
+        with getattr(self, "_lock", threading.Lock()):
+            if hasattr(self, "_cache"):
+                self._cache.clear()
+
+    # -- decisions ---------------------------------------------------------------------
+    def _check_runnable(self, n, k, dtype) -> None:
+        """Raise ValueError for a problem that no candidate can run on this GPU."""
+        if dtype != "fp8":
+            return
+        where = f"{self.gpu_name!r} ({self.arch or 'arch unknown'})"
+        if self.fp8_supported is False:
+            raise ValueError(f"dtype fp8 is not supported on {where}: no fp8 tensor cores, so neither the Triton "
+                             "kernels nor torch._scaled_mm can run it")
+        if self.space_arch is None and (k % 16 or n % 16):  # gemm_configs.check_feasible's vendor rule
+            raise ValueError(f"K and N must be multiples of 16 for fp8 on {where}, where torch._scaled_mm is the "
+                             f"only candidate; got K={k}, N={n}")
+
+    def _feasible(self, m, n, k, dtype):
+        ct = candidate_table(self.space_arch, dtype, self.op)
+        return ct, np.flatnonzero(ct.feasible_mask(m, n, k))
+
+    def _features(self, ct, idx, m, n, k, dtype, e, top_k) -> np.ndarray:
+        params = {p: ct.params[p][idx] for p in F.PARAMS}
+        return F.compute(F.problem_columns(m, n, k, dtype, self.spec, ct.variant_code[idx], params, e, top_k))
+
+    def _latencies(self, X: np.ndarray, dtype: str):
+        """Predicted latencies (us) of feature rows X from the latency companion, or None."""
+        lm = self.latency_model_for(dtype)
+        if lm is None:
+            return None
+        try:
+            return np.exp2(lm.score(X))
+        except Exception:  # noqa: BLE001 - an annotation never breaks a decision
+            return None
+
+    def _decide(self, m, n, k, dtype, e, top_k, count: int) -> list[Choice]:
+        self._check_runnable(n, k, dtype)
+        tuned = self._tuned.get((self.op, m, n, k, dtype, e, top_k))
+        if self.space_arch is None:
+            # No candidate space for this arch: the vendor library is the one candidate known to run.
+            vendor = self._op.vendor_ids[0]
+            if count == 1 and tuned == vendor:
+                return [Choice(vendor, "table")]
+            self.fallback_reasons.setdefault(dtype, self._vendor_reason)
+            self._warn_once(self._vendor_reason, to=f"the vendor library ({vendor})")
+            return [Choice(vendor, "vendor")]
+        ct, idx = self._feasible(m, n, k, dtype)
+        if count == 1 and tuned is not None and tuned in ct.index and np.any(idx == ct.index[tuned]):
+            return [Choice(tuned, "table")]
+        model = self.model_for(dtype)
+        if model is not None:
+            try:
+                sl = model.shortlist_mask(ct, m)
+                # The shortlist narrows what the model scores, not what the heuristic sees on a failure.
+                scored = idx[sl[idx]] if sl is not None and sl[idx].any() else idx
+                X = self._features(ct, scored, m, n, k, dtype, e, top_k)
+                s = model.score(X)
+                order = np.lexsort((scored, s))[:count]
+                lat = np.exp2(s[order]) if model.latency else self._latencies(X[order], dtype)
+                return [Choice(ct.ids[scored[i]], "model", None if lat is None else float(t), float(s[i]))
+                        for i, t in zip(order, lat if lat is not None else [None] * len(order))]
+            except Exception as exc:  # noqa: BLE001 - the serving path never raises for a model problem
+                reason = f"model scoring failed ({type(exc).__name__}: {str(exc)[:120]})"
+                self.fallback_reasons[dtype] = reason
+                self._warn_once(reason)
+                with self._model_lock:
+                    self._models[dtype] = None
+        sm = self.spec.sm_count if self.spec else 132
+        i = self._op.fallback_rule()(m, n, k, sm, ct.candidate_dicts(idx))
+        return [Choice(ct.ids[idx[i]], "heuristic")]
+
+    def select(self, m: int, n: int, k: int, dtype: str = "bf16", e: int = 1, top_k: int = 1) -> Choice:
+        """The candidate to launch for y (M, N) = x (M, K) @ w (N, K).T. Cached; thread-safe."""
+        key = (self.op, m, n, k, dtype, e, top_k)
+        try:
+            hit = self._cache.get(key)
+        except TypeError:  # an unhashable argument: check_problem names it below
+            hit = None
+        # A float or bool equal to an int key would hit too: only exact ints take the fast path.
+        if hit is not None and type(m) is int and type(n) is int and type(k) is int and type(e) is int \
+                and type(top_k) is int:
+            try:
+                self._cache.move_to_end(key)  # LRU order; atomic under the GIL
+            except KeyError:  # evicted by another thread meanwhile: the answer is still valid
+                pass
+            return hit
+        check_problem(m, n, k, dtype, e, top_k)
+        self._op.check_fixed({"e": e, "top_k": top_k})
+        if hit is not None:  # numpy ints equal to a cached key: valid now that they are checked
+            try:
+                self._cache.move_to_end(key)
+            except KeyError:
+                pass
+            return hit
+        key = (self.op, int(m), int(n), int(k), dtype, int(e), int(top_k))
+        choice = self._decide(*key[1:], count=1)[0]
+        with self._lock:
+            self._cache[key] = choice
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return choice
+
+    def rank(self, m: int, n: int, k: int, dtype: str = "bf16", count: int = 8, e: int = 1, top_k: int = 1) -> list[Choice]:
+        """The model's top ``count`` feasible candidates, best first (not cached).
+        Without a usable model, the heuristic's single choice; without a candidate space for the
+        GPU's arch, the vendor's."""
+        check_problem(m, n, k, dtype, e, top_k)
+        self._op.check_fixed({"e": e, "top_k": top_k})
+        if type(count) is not int or count < 1:
+            raise ValueError(f"count must be an int >= 1, got {count!r}")
+        return self._decide(int(m), int(n), int(k), dtype, int(e), int(top_k), count=count)
+
+    def precompute(self, nk_pairs, dtype: str = "bf16", ms=None) -> int:
+        """Fill the cache for every (N, K) in nk_pairs over an M grid (default: powers of two to 16384)."""
+        ms = list(ms) if ms is not None else [2 ** i for i in range(15)]
+        count = 0
+        for n, k in nk_pairs:
+            for m in ms:
+                self.select(int(m), int(n), int(k), dtype)
+                count += 1
+        return count
+
+    def cache_info(self) -> dict:
+        """Entries in the decision cache and its capacity."""
+        return {"entries": len(self._cache), "capacity": self._cache_size}
+
+    def clear_cache(self) -> None:
+        with self._lock:
+            self._cache.clear()
+
+
+_default: Dispatcher | None = None
+_default_lock = threading.Lock()
+
+
+def default_dispatcher() -> Dispatcher:
+    """The process-wide dispatcher for the current GPU (created on first use)."""
+    global _default
+    if _default is None:
+        with _default_lock:
+            if _default is None:
+                _default = Dispatcher()
+    return _default
+
+
+def select(m: int, n: int, k: int, dtype: str = "bf16") -> Choice:
+    """default_dispatcher().select(...)."""
+    return default_dispatcher().select(m, n, k, dtype)
+
+
+def rank(m: int, n: int, k: int, dtype: str = "bf16", count: int = 8) -> list[Choice]:
+    """default_dispatcher().rank(...)."""
+    return default_dispatcher().rank(m, n, k, dtype, count)
