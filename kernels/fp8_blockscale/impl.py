@@ -254,14 +254,15 @@ def make_operands(problem: Problem, device: str | torch.device, generator: torch
     1/sqrt(K) so that outputs are O(1). fp16/fp32 problems keep the quantised values
     (|x| <= 448) in that dtype, with the same scales."""
     m, n, k = problem.m, problem.n, problem.k
-    x = torch.randn((m, k), generator=generator, dtype=torch.float32)
-    x *= torch.exp2(torch.rand((m, 1), generator=generator) * 6 - 3)
-    w = torch.randn((n, k), generator=generator, dtype=torch.float32) * k ** -0.5
+    # On ``device`` (the harness passes a generator of that device); quantised there in fp32.
+    x = torch.randn((m, k), generator=generator, device=device, dtype=torch.float32)
+    x *= torch.exp2(torch.rand((m, 1), generator=generator, device=device) * 6 - 3)
+    w = torch.randn((n, k), generator=generator, device=device, dtype=torch.float32) * k ** -0.5
     dt = TORCH_DTYPES[problem.dtype]
     a, as_ = quantize_per_token_group(x, GROUP_K, dt)
     b, bs = quantize_weight_blocks(w, GROUP_N, dt)
     out = torch.empty((m, n), dtype=OUT_TORCH_DTYPES[problem.dtype], device=device)
-    return Operands(a.to(device), b.to(device), as_.to(device), bs.to(device), out)
+    return Operands(a, b, as_, bs, out)
 
 
 def reference(ops: Operands) -> torch.Tensor:
