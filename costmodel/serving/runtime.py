@@ -401,6 +401,9 @@ class Dispatcher:
     # -- decisions ---------------------------------------------------------------------
     def _check_runnable(self, n, k, dtype) -> None:
         """Raise ValueError for a problem that no candidate can run on this GPU."""
+        if self.space_arch is None and not self._op.vendor_ids:
+            raise ValueError(f"op {self.op} has no candidate on {self.gpu_name!r} ({self.arch or 'arch unknown'}): "
+                             "no candidate space for its arch and no vendor library")
         if dtype != "fp8":
             return
         where = f"{self.gpu_name!r} ({self.arch or 'arch unknown'})"

@@ -1,0 +1,326 @@
+"""Config space of the block-scaled fp8 GEMM op ``fp8_blockscale``, as data (torch-free).
+
+The op (vLLM's ``w8a8_block_fp8_matmul``): y (M, N) bf16 = (A * As) @ (B * Bs).T with
+A fp8 e4m3 (M, K), As fp32 (M, ceil(K/128)) per token and 128-wide K group, B fp8 e4m3
+(N, K), Bs fp32 (ceil(N/128), ceil(K/128)) per 128x128 weight block. The same module
+interface as ``kernels/gemm_configs.py``: Problem, config dataclasses with stable ids,
+generate_configs, config_from_id, config_params, PARAM_NAMES, ARCHS, ConfigArrays,
+PROBLEM_RULES, problem_mask, check_feasible, feasible_configs, space_hash, static_feasible;
+plus ``vllm_default()``, ``from_vllm(entry)`` and the fallback rule ``choose``.
+
+The space contains vLLM's default config and every config of vLLM's H100 tuned files
+(../shared/external/vllm_w8a8_block_fp8_configs/, tests/test_fp8_blockscale.py checks it).
+dtypes: "fp8" is the op; "fp16"/"fp32" operands (same scale layout) exist only for the
+Triton CPU interpreter tests, which compute garbage for fp8/bf16 dots.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import re
+from dataclasses import dataclass, fields
+from typing import ClassVar, Union
+
+from gemm_costmodel.kernels.gemm_configs import ARCHS, PARAM_NAMES, ArchSpec  # noqa: F401 - part of the interface
+
+# The quantisation group: As has one scale per token per GROUP_K columns of K, Bs one per
+# GROUP_N x GROUP_K block of B (vLLM's block_shape [128, 128]).
+GROUP_N = 128
+GROUP_K = 128
+
+DTYPE_BYTES = {"fp8": 1, "fp16": 2, "fp32": 4}
+OUT_DTYPE = {"fp8": "bf16", "fp16": "fp16", "fp32": "fp32"}
+DTYPES = tuple(DTYPE_BYTES)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One block-scaled GEMM: y (M, N) = (A * As) @ (B * Bs).T, nn.Linear layout."""
+
+    m: int
+    n: int
+    k: int
+    dtype: str
+
+    def __post_init__(self):
+        for name in ("m", "n", "k"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ValueError(f"{name} must be an int, got {type(v).__name__}")
+            if v <= 0:
+                raise ValueError(f"{name} must be >= 1, got {v}")
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}")
+
+    @property
+    def key(self) -> str:
+        return f"{self.dtype}:{self.m}x{self.n}x{self.k}"
+
+
+@dataclass(frozen=True)
+class BsTiledConfig:
+    """vLLM's kernel: output tiles in grouped order, one As column and one Bs block per K tile.
+    The fields are vLLM's JSON keys (BLOCK_SIZE_M/N/K, GROUP_SIZE_M, num_warps, num_stages)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+    variant: ClassVar[str] = "tiled"
+
+    @property
+    def id(self) -> str:
+        return (f"bstiled_m{self.block_m}n{self.block_n}k{self.block_k}"
+                f"_g{self.group_m}_w{self.num_warps}s{self.num_stages}")
+
+
+@dataclass(frozen=True)
+class BsSplitKConfig:
+    """Split-K for decode: SPLIT_K programs per output tile each sum a slice of the K tiles
+    (scaled per tile), the last to arrive adds the fp32 partials and stores y (one launch)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int
+    num_warps: int
+    num_stages: int
+    variant: ClassVar[str] = "splitk"
+
+    @property
+    def id(self) -> str:
+        return (f"bssplitk_m{self.block_m}n{self.block_n}k{self.block_k}"
+                f"_s{self.split_k}_w{self.num_warps}s{self.num_stages}")
+
+
+BlockScaleConfig = Union[BsTiledConfig, BsSplitKConfig]
+VARIANTS = {c.variant: c for c in (BsTiledConfig, BsSplitKConfig)}
+
+_ID_RE = {
+    "tiled": re.compile(r"^bstiled_m(\d+)n(\d+)k(\d+)_g(\d+)_w(\d+)s(\d+)$"),
+    "splitk": re.compile(r"^bssplitk_m(\d+)n(\d+)k(\d+)_s(\d+)_w(\d+)s(\d+)$"),
+}
+
+
+def config_from_id(cid: str) -> BlockScaleConfig:
+    """Inverse of ``cfg.id``. Raises ValueError for an unknown id."""
+    for variant, rx in _ID_RE.items():
+        m = rx.fullmatch(cid) if isinstance(cid, str) else None
+        if m:
+            cfg = VARIANTS[variant](*map(int, m.groups()))
+            if cfg.id == cid:  # rejects non-canonical spellings such as zero padding
+                return cfg
+    raise ValueError(f"unknown config id {cid!r}")
+
+
+def config_params(cfg: BlockScaleConfig) -> dict:
+    """Numeric parameters under the dense op's uniform names (PARAM_NAMES; 0 = n/a)."""
+    names = {f.name for f in fields(cfg)}
+    out = {p: getattr(cfg, p) if p in names else 0 for p in PARAM_NAMES}
+    if isinstance(cfg, BsTiledConfig):
+        out["split_k"] = 1
+    else:
+        out["group_m"] = 1
+    return out
+
+
+# -- vLLM's configs ----------------------------------------------------------------------
+
+_VLLM_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
+
+
+def vllm_default() -> BsTiledConfig:
+    """vLLM's config when no tuned file exists (every M): 64 x 128 x 128, group 32, 4 warps, 2 stages."""
+    return BsTiledConfig(64, 128, 128, 32, 4, 2)
+
+
+def from_vllm(entry: dict) -> BsTiledConfig:
+    """The config of one vLLM JSON entry ({BLOCK_SIZE_M, ..., num_stages}); ValueError if a key
+    is missing or unknown."""
+    missing = [k for k in _VLLM_KEYS if k not in entry]
+    extra = sorted(set(entry) - set(_VLLM_KEYS))
+    if missing or extra:
+        raise ValueError(f"not a vLLM block-fp8 config entry: missing {missing}, unknown {extra}")
+    return BsTiledConfig(*(int(entry[k]) for k in _VLLM_KEYS))
+
+
+def to_vllm(cfg: BsTiledConfig) -> dict:
+    """The vLLM JSON entry of a tiled config."""
+    return dict(zip(_VLLM_KEYS, (cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_m, cfg.num_warps,
+                                 cfg.num_stages)))
+
+
+# Every distinct config of vLLM 0.33.0's 23 H100 tuned files (block_m, block_n, block_k,
+# group_m, num_warps, num_stages) that the regular grid below misses: 256-row, 8-warp
+# small-tile and 2-stage picks, and the one BLOCK_SIZE_K 64. The test reads the files and
+# checks that all 87 distinct configs are in the space.
+_VLLM_H100_EXTRA = (
+    (16, 32, 128, 16, 8, 3), (16, 64, 128, 1, 8, 3), (16, 64, 128, 1, 8, 4), (16, 64, 128, 1, 8, 5),
+    (16, 64, 128, 16, 4, 2), (16, 64, 128, 16, 8, 5), (16, 128, 128, 1, 8, 3), (16, 128, 128, 16, 4, 2),
+    (16, 256, 128, 16, 8, 3), (16, 256, 128, 32, 8, 3), (16, 256, 128, 32, 8, 4),
+    (64, 32, 128, 1, 4, 2), (64, 32, 128, 16, 4, 2), (64, 32, 128, 32, 4, 2), (64, 64, 128, 16, 4, 2),
+    (64, 64, 128, 16, 8, 2), (64, 128, 64, 64, 4, 3), (64, 128, 128, 16, 4, 2), (64, 256, 128, 32, 8, 3),
+    (128, 32, 128, 1, 4, 5), (128, 64, 128, 1, 4, 2), (128, 64, 128, 1, 4, 3), (128, 64, 128, 1, 4, 4),
+    (128, 64, 128, 16, 4, 5), (256, 64, 128, 1, 8, 5),
+)
+
+# The regular grid: vLLM's tuned values of each key (BLOCK_SIZE_K 128 = one scale group per
+# tile), num_warps tied to the tile (4 up to 64x128 outputs, 8 above), stages 3-5.
+_TILED_GRID = dict(block_m=(16, 32, 64, 128, 256), block_n=(32, 64, 128, 256), block_k=(128,),
+                   group_m=(1, 16, 32, 64), num_stages=(3, 4, 5))
+# Split-K (decode): small row tiles, the split bringing a few tiles up to the SM count.
+_SPLITK_GRID = dict(block_m=(16, 32, 64), block_n=(32, 64, 128), block_k=(128,), split_k=(2, 4, 8),
+                    warps_stages=((4, 3), (4, 4)))
+
+
+def _warps_for(block_m: int, block_n: int) -> int:
+    return 4 if block_m * block_n <= 64 * 128 else 8
+
+
+def _enumerate() -> list[BlockScaleConfig]:
+    g = _TILED_GRID
+    out: list[BlockScaleConfig] = [vllm_default()]
+    for bm, bn, bk, gm, s in itertools.product(g["block_m"], g["block_n"], g["block_k"], g["group_m"],
+                                               g["num_stages"]):
+        out.append(BsTiledConfig(bm, bn, bk, gm, _warps_for(bm, bn), s))
+    out += [BsTiledConfig(*t) for t in _VLLM_H100_EXTRA]
+    g = _SPLITK_GRID
+    for bm, bn, bk, sk in itertools.product(g["block_m"], g["block_n"], g["block_k"], g["split_k"]):
+        for w, s in g["warps_stages"]:
+            out.append(BsSplitKConfig(bm, bn, bk, sk, w, s))
+    return list(dict.fromkeys(out))
+
+
+# -- feasibility ---------------------------------------------------------------------------
+
+def smem_bytes(cfg: BlockScaleConfig, dtype: str) -> int:
+    """Shared memory of the pipelined A and B tiles (the scales are a few bytes per stage)."""
+    return cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * DTYPE_BYTES[dtype]
+
+
+def static_feasible(cfg: BlockScaleConfig, arch: ArchSpec, dtype: str) -> tuple[bool, str]:
+    """Problem-independent feasibility: the scale groups, shared memory, registers, fp8 dots."""
+    if cfg.block_k <= 0 or GROUP_K % cfg.block_k:
+        return False, f"BLOCK_SIZE_K {cfg.block_k} must divide the scale group {GROUP_K} (one As/Bs column per K tile)"
+    if smem_bytes(cfg, dtype) > arch.smem_per_block:
+        return False, f"shared memory {smem_bytes(cfg, dtype)} B > {arch.smem_per_block} B"
+    acc_per_thread = cfg.block_m * cfg.block_n // (cfg.num_warps * 32)
+    if acc_per_thread > arch.max_acc_per_thread:
+        return False, f"{acc_per_thread} accumulator registers per thread would spill"
+    if dtype == "fp8" and cfg.block_k < 32:
+        return False, "fp8 dot needs block_k >= 32"
+    return True, ""
+
+
+def generate_configs(arch: str = "sm90", dtype: str = "fp8", include_vendor: bool = True) -> list[BlockScaleConfig]:
+    """All statically feasible candidates for (arch, dtype), in a stable order (vLLM's default
+    first). ``include_vendor`` is accepted for the interface: the op has no vendor candidate yet."""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; known: {sorted(ARCHS)}")
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {dtype!r}; known: {sorted(DTYPE_BYTES)}")
+    spec = ARCHS[arch]
+    return [c for c in _enumerate() if static_feasible(c, spec, dtype)[0]]
+
+
+# Split-K partials are fp32 (SPLIT_K, M, N), as for the dense op.
+SPLITK_WORKSPACE_LIMIT = 256 * 1024 * 1024
+
+
+class ConfigArrays:
+    """A config list as numpy arrays (variant flags and PARAM_NAMES columns), for the rules."""
+
+    def __init__(self, configs):
+        import numpy as np
+
+        variants = np.array([c.variant for c in configs], dtype=object)
+        self.n = len(variants)
+        self.splitk = variants == "splitk"
+        self.params = {p: np.array([config_params(c)[p] for c in configs], dtype=np.int64) for p in PARAM_NAMES}
+        self.block_k = np.maximum(self.params["block_k"], 1)
+
+
+# The per-problem rules, (applies(problem), violated(arrays, problem), reason(problem, params)),
+# as in gemm_configs. The tiled kernel masks M, N and K: it runs every problem.
+PROBLEM_RULES = (
+    (lambda p: True,
+     lambda a, p: a.splitk & (-(-p.k // a.block_k) < a.params["split_k"]),
+     lambda p, c: f"K={p.k} has {-(-p.k // c['block_k'])} k-tiles < split_k={c['split_k']}"),
+    (lambda p: True,
+     lambda a, p: a.splitk & (a.params["split_k"] * p.m * p.n * 4 > SPLITK_WORKSPACE_LIMIT),
+     lambda p, c: "split-K workspace above limit"),
+)
+
+
+def problem_mask(arrays: ConfigArrays, problem) -> "np.ndarray":
+    """Boolean array: which configs of ``arrays`` satisfy every per-problem rule."""
+    import numpy as np
+
+    ok = np.ones(arrays.n, dtype=bool)
+    for applies, violated, _ in PROBLEM_RULES:
+        if applies(problem):
+            ok &= ~violated(arrays, problem)
+    return ok
+
+
+def check_feasible(cfg: BlockScaleConfig, problem: Problem, arch: str = "sm90") -> tuple[bool, str]:
+    """Whether cfg can run problem correctly on arch; returns (ok, reason)."""
+    ok, why = static_feasible(cfg, ARCHS[arch], problem.dtype)
+    if not ok:
+        return ok, why
+    arrays = ConfigArrays([cfg])
+    for applies, violated, reason in PROBLEM_RULES:
+        if applies(problem) and violated(arrays, problem)[0]:
+            return False, reason(problem, config_params(cfg))
+    return True, ""
+
+
+def feasible_configs(problem: Problem, arch: str = "sm90", include_vendor: bool = True) -> list[BlockScaleConfig]:
+    """Candidates that can run ``problem`` on ``arch``."""
+    return [c for c in generate_configs(arch, problem.dtype, include_vendor) if check_feasible(c, problem, arch)[0]]
+
+
+def space_hash(configs) -> str:
+    """Stable hash of a candidate list, for manifests."""
+    return hashlib.sha256("\n".join(c.id for c in configs).encode()).hexdigest()[:16]
+
+
+# -- the fallback rule -----------------------------------------------------------------------
+
+def _ideal(m: int, n: int, k: int, sm_count: int) -> dict:
+    """vLLM's default, with row tiles fitted to M and split-K when the decode tiles are few."""
+    bm = 16 if m <= 16 else 32 if m <= 32 else 64
+    if m > 64 and math.ceil(m / 128) * math.ceil(n / 128) >= sm_count:
+        bm = 128
+    want = dict(variant="tiled", block_m=bm, block_n=128, block_k=128, group_m=32, split_k=1,
+                num_warps=4 if bm <= 64 else 8, num_stages=3)
+    if m <= 64:
+        want["block_n"] = 64
+        tiles = math.ceil(m / bm) * math.ceil(n / 64)
+        k_tiles = math.ceil(k / 128)
+        best, gap = 1, abs(tiles - sm_count)
+        for s in (2, 4, 8):
+            if s <= k_tiles and abs(tiles * s - sm_count) < gap:
+                best, gap = s, abs(tiles * s - sm_count)
+        if best > 1:
+            want.update(variant="splitk", split_k=best, group_m=1)
+    return want
+
+
+def choose(m: int, n: int, k: int, sm_count: int, candidates: list[dict]) -> int:
+    """The runtime's rule without a model (signature of serving.heuristic.choose): index into
+    ``candidates`` (dicts with 'variant' and PARAM_NAMES) of the one nearest ``_ideal``."""
+    if not candidates:
+        raise ValueError("no candidates to choose from")
+    want = _ideal(m, n, k, sm_count)
+
+    def dist(c: dict) -> float:
+        d = 0.0 if c["variant"] == want["variant"] else 100.0
+        for p in ("block_m", "block_n", "block_k", "split_k", "group_m"):
+            d += abs(math.log2(max(c[p], 1)) - math.log2(max(want[p], 1))) * (0.2 if p == "group_m" else 1.0)
+        return d + 0.1 * (c["num_warps"] != want["num_warps"]) + 0.1 * (c["num_stages"] != want["num_stages"])
+
+    return min(range(len(candidates)), key=lambda i: (dist(candidates[i]), i))
