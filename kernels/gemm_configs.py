@@ -20,6 +20,7 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
 OUT_DTYPE = {"bf16": "bf16", "fp16": "fp16", "fp8": "bf16", "fp32": "fp32"}
 DTYPES = tuple(DTYPE_BYTES)
 
+from .space_common import DenseProblem, first_violation, rules_mask, space_hash  # noqa: F401 - space_hash: the op interface
 
 @dataclass(frozen=True)
 class ArchSpec:
@@ -39,28 +40,10 @@ ARCHS = {
 }
 
 
-@dataclass(frozen=True)
-class Problem:
+class Problem(DenseProblem):
     """One dense GEMM: y (M, N) = x (M, K) @ w (N, K).T, nn.Linear layout."""
 
-    m: int
-    n: int
-    k: int
-    dtype: str
-
-    def __post_init__(self):
-        for name in ("m", "n", "k"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise ValueError(f"{name} must be an int, got {type(v).__name__}")
-            if v <= 0:
-                raise ValueError(f"{name} must be >= 1, got {v}")
-        if self.dtype not in DTYPE_BYTES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}")
-
-    @property
-    def key(self) -> str:
-        return f"{self.dtype}:{self.m}x{self.n}x{self.k}"
+    DTYPES = tuple(DTYPE_BYTES)
 
 
 @dataclass(frozen=True)
@@ -350,13 +333,7 @@ PROBLEM_RULES = (
 def problem_mask(arrays: ConfigArrays, problem) -> "np.ndarray":
     """Boolean array: which configs of ``arrays`` satisfy every per-problem rule. ``problem``:
     anything with m, n, k and dtype (a Problem, or the runtime's checked dimensions)."""
-    import numpy as np
-
-    ok = np.ones(arrays.n, dtype=bool)
-    for applies, violated, _ in PROBLEM_RULES:
-        if applies(problem):
-            ok &= ~violated(arrays, problem)
-    return ok
+    return rules_mask(PROBLEM_RULES, arrays, problem)
 
 
 def check_feasible(cfg: GemmConfig, problem: Problem, arch: str = "sm90") -> tuple[bool, str]:
@@ -366,11 +343,8 @@ def check_feasible(cfg: GemmConfig, problem: Problem, arch: str = "sm90") -> tup
     ok, why = static_feasible(cfg, spec, problem.dtype)
     if not ok:
         return ok, why
-    arrays = ConfigArrays([cfg])
-    for applies, violated, reason in PROBLEM_RULES:
-        if applies(problem) and violated(arrays, problem)[0]:
-            return False, reason(problem, config_params(cfg))
-    return True, ""
+    why = first_violation(PROBLEM_RULES, ConfigArrays([cfg]), problem, config_params(cfg))
+    return (not why), why
 
 
 def feasible_configs(problem: Problem, arch: str = "sm90", include_vendor: bool = True) -> list[GemmConfig]:
@@ -379,8 +353,3 @@ def feasible_configs(problem: Problem, arch: str = "sm90", include_vendor: bool 
             if check_feasible(c, problem, arch)[0]]
 
 
-def space_hash(configs) -> str:
-    """Stable hash of a candidate list, for manifests."""
-    import hashlib
-
-    return hashlib.sha256("\n".join(c.id for c in configs).encode()).hexdigest()[:16]

@@ -15,7 +15,6 @@ Triton CPU interpreter tests, which compute garbage for fp8/bf16 dots.
 """
 from __future__ import annotations
 
-import hashlib
 import itertools
 import math
 import re
@@ -23,6 +22,8 @@ from dataclasses import dataclass, fields
 from typing import ClassVar, Union
 
 from gemm_costmodel.kernels.gemm_configs import ARCHS, PARAM_NAMES, ArchSpec  # noqa: F401 - part of the interface
+
+from ..space_common import DenseProblem, first_violation, rules_mask, space_hash  # noqa: F401 - space_hash: the op interface
 
 # The quantisation group: As has one scale per token per GROUP_K columns of K, Bs one per
 # GROUP_N x GROUP_K block of B (vLLM's block_shape [128, 128]).
@@ -34,28 +35,10 @@ OUT_DTYPE = {"fp8": "bf16", "fp16": "fp16", "fp32": "fp32"}
 DTYPES = tuple(DTYPE_BYTES)
 
 
-@dataclass(frozen=True)
-class Problem:
+class Problem(DenseProblem):
     """One block-scaled GEMM: y (M, N) = (A * As) @ (B * Bs).T, nn.Linear layout."""
 
-    m: int
-    n: int
-    k: int
-    dtype: str
-
-    def __post_init__(self):
-        for name in ("m", "n", "k"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise ValueError(f"{name} must be an int, got {type(v).__name__}")
-            if v <= 0:
-                raise ValueError(f"{name} must be >= 1, got {v}")
-        if self.dtype not in DTYPE_BYTES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}")
-
-    @property
-    def key(self) -> str:
-        return f"{self.dtype}:{self.m}x{self.n}x{self.k}"
+    DTYPES = tuple(DTYPE_BYTES)
 
 
 @dataclass(frozen=True)
@@ -257,13 +240,7 @@ PROBLEM_RULES = (
 
 def problem_mask(arrays: ConfigArrays, problem) -> "np.ndarray":
     """Boolean array: which configs of ``arrays`` satisfy every per-problem rule."""
-    import numpy as np
-
-    ok = np.ones(arrays.n, dtype=bool)
-    for applies, violated, _ in PROBLEM_RULES:
-        if applies(problem):
-            ok &= ~violated(arrays, problem)
-    return ok
+    return rules_mask(PROBLEM_RULES, arrays, problem)
 
 
 def check_feasible(cfg: BlockScaleConfig, problem: Problem, arch: str = "sm90") -> tuple[bool, str]:
@@ -271,21 +248,13 @@ def check_feasible(cfg: BlockScaleConfig, problem: Problem, arch: str = "sm90") 
     ok, why = static_feasible(cfg, ARCHS[arch], problem.dtype)
     if not ok:
         return ok, why
-    arrays = ConfigArrays([cfg])
-    for applies, violated, reason in PROBLEM_RULES:
-        if applies(problem) and violated(arrays, problem)[0]:
-            return False, reason(problem, config_params(cfg))
-    return True, ""
+    why = first_violation(PROBLEM_RULES, ConfigArrays([cfg]), problem, config_params(cfg))
+    return (not why), why
 
 
 def feasible_configs(problem: Problem, arch: str = "sm90", include_vendor: bool = True) -> list[BlockScaleConfig]:
     """Candidates that can run ``problem`` on ``arch``."""
     return [c for c in generate_configs(arch, problem.dtype, include_vendor) if check_feasible(c, problem, arch)[0]]
-
-
-def space_hash(configs) -> str:
-    """Stable hash of a candidate list, for manifests."""
-    return hashlib.sha256("\n".join(c.id for c in configs).encode()).hexdigest()[:16]
 
 
 # -- the fallback rule -----------------------------------------------------------------------

@@ -1,0 +1,69 @@
+"""What every op's config space shares (torch-free): problem-dimension checks, applying
+an op's per-problem rule list to a whole space or to one config, and the space hash.
+
+An op's space module keeps its own problem type, configs, static limits and
+``PROBLEM_RULES`` (triples of applies(problem) -> bool, violated(arrays, problem) ->
+bool array, reason(problem, params of one config) -> str); these functions are the
+one way those rules are applied, so the runtime's mask and ``check_feasible`` agree
+for every op.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import ClassVar
+
+
+def check_dims(problem, dtypes) -> None:
+    """ValueError naming the field: m, n and k ints >= 1, dtype one of ``dtypes``."""
+    for name in ("m", "n", "k"):
+        v = getattr(problem, name)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"{name} must be an int, got {type(v).__name__}")
+        if v <= 0:
+            raise ValueError(f"{name} must be >= 1, got {v}")
+    if problem.dtype not in dtypes:
+        raise ValueError(f"dtype must be one of {sorted(dtypes)}, got {problem.dtype!r}")
+
+
+def rules_mask(rules, arrays, problem):
+    """Boolean array: which configs of ``arrays`` satisfy every rule for ``problem``."""
+    import numpy as np
+
+    ok = np.ones(arrays.n, dtype=bool)
+    for applies, violated, _ in rules:
+        if applies(problem):
+            ok &= ~violated(arrays, problem)
+    return ok
+
+
+def first_violation(rules, arrays_of_one, problem, params: dict) -> str:
+    """The reason of the first rule the single config of ``arrays_of_one`` violates, or ''."""
+    for applies, violated, reason in rules:
+        if applies(problem) and violated(arrays_of_one, problem)[0]:
+            return reason(problem, params)
+    return ""
+
+
+def space_hash(configs) -> str:
+    """Stable hash of a candidate list, for manifests."""
+    return hashlib.sha256("\n".join(c.id for c in configs).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class DenseProblem:
+    """A GEMM-shaped problem: M x N outputs reduced over K, one input dtype. An op's
+    ``Problem`` subclasses it and names its dtypes (DTYPES); ``key`` is its stable string."""
+
+    m: int
+    n: int
+    k: int
+    dtype: str
+    DTYPES: ClassVar[tuple] = ()
+
+    def __post_init__(self):
+        check_dims(self, self.DTYPES)
+
+    @property
+    def key(self) -> str:
+        return f"{self.dtype}:{self.m}x{self.n}x{self.k}"
