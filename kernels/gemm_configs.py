@@ -20,7 +20,8 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
 OUT_DTYPE = {"bf16": "bf16", "fp16": "fp16", "fp8": "bf16", "fp32": "fp32"}
 DTYPES = tuple(DTYPE_BYTES)
 
-from .space_common import DenseProblem, first_violation, rules_mask, space_hash  # noqa: F401 - space_hash: the op interface
+from .space_common import (DenseProblem, first_violation, param_arrays, parse_config_id,  # noqa: F401
+                           rules_mask, space_hash)  # noqa: F401 - space_hash: the op interface
 
 @dataclass(frozen=True)
 class ArchSpec:
@@ -161,13 +162,7 @@ def config_from_id(cid: str) -> GemmConfig:
     """Inverse of ``cfg.id``. Raises ValueError for an unknown id."""
     if cid == "cublas":
         return VendorConfig()
-    for variant, rx in _ID_RE.items():
-        m = rx.fullmatch(cid)
-        if m:
-            cfg = VARIANTS[variant](*map(int, m.groups()))
-            if cfg.id == cid:  # rejects non-canonical spellings such as zero padding
-                return cfg
-    raise ValueError(f"unknown config id {cid!r}")
+    return parse_config_id(cid, _ID_RE, VARIANTS)
 
 
 def config_params(cfg: GemmConfig) -> dict:
@@ -284,7 +279,7 @@ class ConfigArrays:
         self.splitk = variants == "splitk"
         self.swapab_tma = variants == "swapab_tma"
         self.swapab = (variants == "swapab") | self.swapab_tma  # either swap-AB kernel
-        self.params = {p: np.array([config_params(c)[p] for c in configs], dtype=np.int64) for p in PARAM_NAMES}
+        self.params = param_arrays(configs, config_params, PARAM_NAMES)
         # Problem-independent parts of the rules, computed once (the runtime applies them per decision).
         self.split = self.splitk | (self.swapab & (self.params["split_k"] > 1))
         self.block_k = np.maximum(self.params["block_k"], 1)

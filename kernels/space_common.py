@@ -67,3 +67,24 @@ class DenseProblem:
     @property
     def key(self) -> str:
         return f"{self.dtype}:{self.m}x{self.n}x{self.k}"
+
+
+def parse_config_id(cid, id_patterns: dict, variants: dict):
+    """Inverse of a config's ``id`` for an op's regex per variant (numeric fields in
+    constructor order); non-canonical spellings (zero padding) are rejected. ValueError
+    for an unknown id."""
+    for variant, rx in id_patterns.items():
+        m = rx.fullmatch(cid) if isinstance(cid, str) else None
+        if m:
+            cfg = variants[variant](*map(int, m.groups()))
+            if cfg.id == cid:
+                return cfg
+    raise ValueError(f"unknown config id {cid!r}")
+
+
+def param_arrays(configs, config_params, names) -> dict:
+    """{parameter name: int64 array over configs}: the rules' view of a space."""
+    import numpy as np
+
+    rows = [config_params(c) for c in configs]
+    return {p: np.array([r[p] for r in rows], dtype=np.int64) for p in names}

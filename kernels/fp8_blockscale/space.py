@@ -23,7 +23,8 @@ from typing import ClassVar, Union
 
 from gemm_costmodel.kernels.gemm_configs import ARCHS, PARAM_NAMES, ArchSpec  # noqa: F401 - part of the interface
 
-from ..space_common import DenseProblem, first_violation, rules_mask, space_hash  # noqa: F401 - space_hash: the op interface
+from ..space_common import (DenseProblem, first_violation, param_arrays, parse_config_id,  # noqa: F401
+                            rules_mask, space_hash)  # noqa: F401 - space_hash: the op interface
 
 # The quantisation group: As has one scale per token per GROUP_K columns of K, Bs one per
 # GROUP_N x GROUP_K block of B (vLLM's block_shape [128, 128]).
@@ -90,13 +91,7 @@ _ID_RE = {
 
 def config_from_id(cid: str) -> BlockScaleConfig:
     """Inverse of ``cfg.id``. Raises ValueError for an unknown id."""
-    for variant, rx in _ID_RE.items():
-        m = rx.fullmatch(cid) if isinstance(cid, str) else None
-        if m:
-            cfg = VARIANTS[variant](*map(int, m.groups()))
-            if cfg.id == cid:  # rejects non-canonical spellings such as zero padding
-                return cfg
-    raise ValueError(f"unknown config id {cid!r}")
+    return parse_config_id(cid, _ID_RE, VARIANTS)
 
 
 def config_params(cfg: BlockScaleConfig) -> dict:
@@ -222,7 +217,7 @@ class ConfigArrays:
         variants = np.array([c.variant for c in configs], dtype=object)
         self.n = len(variants)
         self.splitk = variants == "splitk"
-        self.params = {p: np.array([config_params(c)[p] for c in configs], dtype=np.int64) for p in PARAM_NAMES}
+        self.params = param_arrays(configs, config_params, PARAM_NAMES)
         self.block_k = np.maximum(self.params["block_k"], 1)
 
 
