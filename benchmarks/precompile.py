@@ -14,7 +14,9 @@ import os
 import time
 from typing import Iterable
 
-from ..kernels.gemm_configs import Problem, VendorConfig, config_from_id
+from gemm_costmodel import registry
+
+from ..kernels.gemm_configs import Problem, VendorConfig
 
 
 def specialisation(p: Problem) -> tuple:
@@ -24,26 +26,27 @@ def specialisation(p: Problem) -> tuple:
 
 
 def probe(p: Problem) -> Problem:
-    """Tiny problem compiling to the same kernels as p (M is never specialised on)."""
-    return Problem(3, 16 + p.n % 16, p.k, p.dtype)
+    """Tiny problem compiling to the same kernels as p (M is never specialised on; a launch
+    does not check feasibility, so a config tied to another M compiles here too)."""
+    return type(p)(3, 16 + p.n % 16, p.k, p.dtype)
 
 
-def _worker(tasks: list[tuple[str, int, int, int, str]]) -> int:
+def _worker(args: tuple[str, list[tuple[str, int, int, int, str]]]) -> int:
     import torch
 
-    from ..kernels import gemm
-    from .correctness import make_operands
-
+    op, tasks = args
+    spec = registry.get(op)
+    impl = spec.impl_module()
     done = 0
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
     cache = {}
     for cid, m, n, k, dtype in tasks:
-        prob = Problem(m, n, k, dtype)
+        prob = spec.problem(m=m, n=n, k=k, dtype=dtype)
         if prob not in cache:
-            cache[prob] = make_operands(prob, "cuda", gen)
+            cache[prob] = impl.make_operands(prob, "cuda", gen)
         try:
-            cache[prob].run(config_from_id(cid))
+            cache[prob].run(spec.config_from_id(cid))
             done += 1
         except Exception:  # noqa: BLE001 - the sweep records the failure
             pass
@@ -66,7 +69,7 @@ def plan(problems_and_configs: Iterable[tuple[Problem, list]]) -> list[tuple]:
     return tasks
 
 
-def precompile(problems_and_configs, workers: int | None = None, log=print) -> int:
+def precompile(problems_and_configs, workers: int | None = None, log=print, op: str = "gemm") -> int:
     """Compile every needed (config, specialisation) in parallel; returns how many compiled."""
     tasks = plan(problems_and_configs)
     if not tasks:
@@ -76,6 +79,6 @@ def precompile(problems_and_configs, workers: int | None = None, log=print) -> i
     t0 = time.perf_counter()
     ctx = mp.get_context("spawn")
     with ctx.Pool(workers) as pool:
-        n = sum(pool.map(_worker, [c for c in chunks if c]))
+        n = sum(pool.map(_worker, [(op, c) for c in chunks if c]))
     log(f"precompile: {n}/{len(tasks)} kernels ready in {time.perf_counter() - t0:.1f}s with {workers} workers")
     return n

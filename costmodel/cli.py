@@ -74,13 +74,14 @@ def cmd_bench(args) -> int:
 
     try:
         with ResultStore(path) as store:
-            if args.precompile and args.op == "gemm":  # the parallel precompile knows the dense kernels
+            if args.precompile:
                 spec = registry.get(args.op)
                 todo = []
                 for s in mine:
                     p = spec.problem(m=s.m, n=s.n, k=s.k, dtype=s.dtype)
                     todo.append((p, harness.select_candidates(p, args.mode, args.seed, args.arch, args.op)))
-                precompile.precompile(todo, workers=args.workers, log=lambda m: print(m, file=sys.stderr))
+                precompile.precompile(todo, workers=args.workers, log=lambda m: print(m, file=sys.stderr),
+                                      op=args.op)
             stats = harness.run_sweep(mine, store, timer, mode=args.mode, seed=args.seed, arch=args.arch,
                                       provenance=prov, suite=args.name, progress=not args.quiet,
                                       time_budget_s=args.time_budget or None, on_shape=log_shape, op=args.op)
@@ -468,7 +469,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="measure (shape, candidate) latencies on the GPU")
     _op_arg(b)
     src = b.add_mutually_exclusive_group()
-    src.add_argument("--suite", default="foundation", choices=["foundation", "train"])
+    src.add_argument("--suite", default="foundation",
+                     help="a shape suite of the op (gemm: foundation, train; fp8_blockscale: train, eval)")
     src.add_argument("--shapes", help="CSV with columns M,N,K[,dtype]")
     b.add_argument("--dtype", nargs="+", default=["bf16"], choices=["bf16", "fp16", "fp8"])
     b.add_argument("--mode", default="all", help="'all' (evaluation shapes), 'sample:K' (K random Triton configs + cuBLAS) or 'variant:NAME[,NAME]' (one variant's configs + cuBLAS)")

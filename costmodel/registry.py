@@ -109,16 +109,17 @@ REGISTRY: dict[str, OpSpec] = {
         split_key=("n", "k"),
         suites={"foundation": "gemm_costmodel.data.shapes:foundation_suite",
                 "train": "gemm_costmodel.data.shapes:training_suite"}),
-    # vLLM's w8a8 block-fp8 linear. vendor_ids: none yet (torch._scaled_mm's blockwise scaling
-    # is not checked on this stack). Validated in the CPU interpreter only: no GPU gate, no
-    # data, no model (the runtime falls back to space.choose).
+    # vLLM's w8a8 block-fp8 linear; the vendor candidate is torch._scaled_mm with cuBLASLt's
+    # blockwise scaling (sm90).
     "fp8_blockscale": OpSpec(
         name="fp8_blockscale", dtypes=("fp8",),
         space="gemm_costmodel.kernels.fp8_blockscale.space", impl="gemm_costmodel.kernels.fp8_blockscale.impl",
-        problem_fields=("m", "n", "k", "dtype"), fixed={"e": 1, "top_k": 1}, vendor_ids=(),
+        problem_fields=("m", "n", "k", "dtype"), fixed={"e": 1, "top_k": 1}, vendor_ids=("cublas",),
         default_config="bstiled_m64n128k128_g32_w4s2", fallback="gemm_costmodel.kernels.fp8_blockscale.space:choose",
         split_key=("n", "k"),
-        suites={"train": "gemm_costmodel.kernels.fp8_blockscale.suites:training_suite"}),
+        suites={"train": "gemm_costmodel.kernels.fp8_blockscale.suites:training_suite",
+                "eval": "gemm_costmodel.kernels.fp8_blockscale.suites:eval_suite",
+                "gate": "gemm_costmodel.kernels.fp8_blockscale.suites:gate_suite"}),
 }
 DEFAULT_OP = "gemm"
 

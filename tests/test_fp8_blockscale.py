@@ -179,12 +179,16 @@ def test_splitk_needs_enough_k_tiles():
 @pytest.mark.parametrize("dtype", S.DTYPES)
 def test_config_ids_round_trip(dtype):
     cfgs = S.generate_configs("sm90", dtype)
-    assert {c.variant for c in cfgs} == {"tiled", "splitk"}
+    # The vendor (blockwise torch._scaled_mm) is fp8-only: the interpreter dtypes have none.
+    want = {"tiled", "splitk", "swapab"} | ({"vendor"} if dtype == "fp8" else set())
+    assert {c.variant for c in cfgs} == want
     for c in cfgs:
         assert S.config_from_id(c.id) == c
         assert set(S.config_params(c)) == set(S.PARAM_NAMES)
     assert S.config_from_id("bstiled_m64n128k128_g32_w4s2") == S.vllm_default()
-    for bad in ("tiled_m64n128k128_g32_w4s2", "bstiled_m064n128k128_g32_w4s2", "cublas", ""):
+    assert S.config_from_id("cublas") == S.VendorConfig()
+    assert S.config_from_id("bsswapab_m16n64k128_s2_w4s3") == S.BsSwapABConfig(16, 64, 128, 2, 4, 3)
+    for bad in ("tiled_m64n128k128_g32_w4s2", "bstiled_m064n128k128_g32_w4s2", "swapab_m16n64k128_s2_w4s3", ""):
         with pytest.raises(ValueError, match="unknown config id"):
             S.config_from_id(bad)
 

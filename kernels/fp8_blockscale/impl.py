@@ -23,7 +23,8 @@ import triton
 import triton.language as tl
 
 from ..common import _arrival_counters, _grouped_tile, _splitk_last_arrival, splitk_workspace
-from .space import GROUP_K, GROUP_N, BlockScaleConfig, BsSplitKConfig, BsTiledConfig, Problem
+from .space import (GROUP_K, GROUP_N, BlockScaleConfig, BsSplitKConfig, BsSwapABConfig, BsTiledConfig, Problem,
+                    VendorConfig)
 
 TORCH_DTYPES = {"fp8": torch.float8_e4m3fn, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
@@ -89,9 +90,69 @@ def fp8_blockscale_kernel(a_ptr, b_ptr, as_ptr, bs_ptr, y_ptr, ws_ptr, cnt_ptr, 
                              tile, pid_s, False, SPLIT_K, False)
 
 
+@triton.jit(do_not_specialize=["M"])
+def fp8_blockscale_swapab_kernel(a_ptr, b_ptr, as_ptr, bs_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
+                                 stride_am, stride_bn, stride_ym, stride_asm, stride_bsn,
+                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                 SPLIT_K: tl.constexpr, GROUP_N: tl.constexpr, GROUP_K: tl.constexpr):
+    """Swap-AB (decode): program (tile, s) computes a (BLOCK_N weight rows, BLOCK_M tokens) tile
+    of y.T = B @ A.T over the s-th slice of K tiles, so the weight rows fill the wgmma M side
+    and the few tokens its N side. Stored transposed into y (M, N)."""
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    tile = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    pid_n = tile // num_pid_m
+    pid_m = tile % num_pid_m
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.where(offs_m < M, offs_m, 0)
+    rn = tl.where(offs_n < N, offs_n, 0)
+    as_rows = as_ptr + rm * stride_asm
+    bs_rows = bs_ptr + (rn // GROUP_N) * stride_bsn
+    total = tl.cdiv(K, BLOCK_K)
+    t0 = pid_s * total // SPLIT_K
+    t1 = (pid_s + 1) * total // SPLIT_K
+    offs_k = t0 * BLOCK_K + tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rm[:, None] * stride_am + offs_k[None, :]
+    b_ptrs = b_ptr + rn[:, None] * stride_bn + offs_k[None, :]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for kt in range(t0, t1):
+        k_mask = offs_k[None, :] < K - (kt - t0) * BLOCK_K
+        a = tl.load(a_ptrs, mask=k_mask, other=0.0)
+        b = tl.load(b_ptrs, mask=k_mask, other=0.0)
+        kg = kt * BLOCK_K // GROUP_K
+        a_s = tl.load(as_rows + kg)
+        b_s = tl.load(bs_rows + kg)
+        acc += tl.dot(b, tl.trans(a)) * b_s[:, None] * a_s[None, :]
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    if SPLIT_K == 1:
+        mask = (offs_n[:, None] < N) & (offs_m[None, :] < M)
+        y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        _splitk_last_arrival(acc, y_ptr, ws_ptr, cnt_ptr, as_ptr, bs_ptr, M, N, stride_ym, offs_m, offs_n,
+                             tile, pid_s, False, SPLIT_K, True)
+
+
 # ----------------------------------------------------------------------------
 # Host
 # ----------------------------------------------------------------------------
+
+def vendor_weight_scales(bs: torch.Tensor) -> torch.Tensor:
+    """Bs (ceil(N/128), ceil(K/128)) row-major as cuBLASLt's 128x128 scale of B = b.t() (K, N):
+    the transposed view, no copy. A weight-load-time layout (the weight is static)."""
+    return bs.t()
+
+
+def _vendor(a: torch.Tensor, b: torch.Tensor, as_: torch.Tensor, bs: torch.Tensor, out: torch.Tensor):
+    """torch._scaled_mm with cuBLASLt's blockwise scaling: 1x128 for A, 128x128 for B (sm90,
+    CUDA >= 12.9). cuBLASLt wants As outer-dim-major (M, K/128) with strides (1, M): the
+    quantisation helpers (and vLLM) write it row-major, so it is re-laid-out on every call,
+    and that copy is part of the vendor's time. _scaled_mm has no out= overload."""
+    sa = as_.t().contiguous().t()
+    return torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=vendor_weight_scales(bs), out_dtype=out.dtype)
+
 
 def dtype_name(t: torch.Tensor) -> str:
     try:
@@ -144,7 +205,18 @@ def launch(cfg: BlockScaleConfig, a: torch.Tensor, b: torch.Tensor, as_: torch.T
     N = b.shape[0]
     if out is None:
         out = torch.empty((M, N), dtype=OUT_TORCH_DTYPES[dtype_name(a)], device=a.device)
+    if isinstance(cfg, VendorConfig):
+        return _vendor(a, b, as_, bs, out)
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    if isinstance(cfg, BsSwapABConfig):
+        split_k = cfg.split_k
+        ws = splitk_workspace(a.device, split_k, M, N) if split_k > 1 else out
+        cnt = _arrival_counters(a.device, tiles) if split_k > 1 else out
+        fp8_blockscale_swapab_kernel[(tiles, split_k)](
+            a, b, as_, bs, out, ws, cnt, M, N, K, a.stride(0), b.stride(0), out.stride(0),
+            as_.stride(0), bs.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            SPLIT_K=split_k, GROUP_N=GROUP_N, GROUP_K=GROUP_K, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        return out
     if isinstance(cfg, BsTiledConfig):
         split_k, group_m, ws, cnt = 1, cfg.group_m, out, out  # ws/cnt: dummies, never read
     elif isinstance(cfg, BsSplitKConfig):

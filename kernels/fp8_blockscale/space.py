@@ -21,7 +21,8 @@ import re
 from dataclasses import dataclass, fields
 from typing import ClassVar, Union
 
-from gemm_costmodel.kernels.gemm_configs import ARCHS, PARAM_NAMES, ArchSpec  # noqa: F401 - part of the interface
+from gemm_costmodel.kernels.gemm_configs import (ARCHS, PARAM_NAMES, SWAPAB_MAX_M, ArchSpec,  # noqa: F401
+                                                  VendorConfig, swapab_tokens)
 
 from ..space_common import (DenseProblem, first_violation, param_arrays, parse_config_id,  # noqa: F401
                             rules_mask, space_hash)  # noqa: F401 - space_hash: the op interface
@@ -80,17 +81,43 @@ class BsSplitKConfig:
                 f"_s{self.split_k}_w{self.num_warps}s{self.num_stages}")
 
 
-BlockScaleConfig = Union[BsTiledConfig, BsSplitKConfig]
-VARIANTS = {c.variant: c for c in (BsTiledConfig, BsSplitKConfig)}
+@dataclass(frozen=True)
+class BsSwapABConfig:
+    """Swap-AB for decode (M <= 64): y.T = B @ A.T, so a tile is ``block_n`` weight rows (the
+    wgmma M side, 64) by ``block_m`` tokens (16/32/64: the smallest that covers M, tied by
+    PROBLEM_RULES), each K tile scaled by its Bs block (per weight row) and As column (per
+    token); optional split-K in one launch (last-arrival epilogue, as BsSplitKConfig)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int
+    num_warps: int
+    num_stages: int
+    variant: ClassVar[str] = "swapab"
+
+    @property
+    def id(self) -> str:
+        return (f"bsswapab_m{self.block_m}n{self.block_n}k{self.block_k}"
+                f"_s{self.split_k}_w{self.num_warps}s{self.num_stages}")
+
+
+# The vendor candidate is the dense op's VendorConfig (id "cublas"): torch._scaled_mm with
+# cuBLASLt's blockwise 1x128 (A) / 128x128 (B) scaling (impl._vendor).
+BlockScaleConfig = Union[BsTiledConfig, BsSplitKConfig, BsSwapABConfig, VendorConfig]
+VARIANTS = {c.variant: c for c in (BsTiledConfig, BsSplitKConfig, BsSwapABConfig, VendorConfig)}
 
 _ID_RE = {
     "tiled": re.compile(r"^bstiled_m(\d+)n(\d+)k(\d+)_g(\d+)_w(\d+)s(\d+)$"),
     "splitk": re.compile(r"^bssplitk_m(\d+)n(\d+)k(\d+)_s(\d+)_w(\d+)s(\d+)$"),
+    "swapab": re.compile(r"^bsswapab_m(\d+)n(\d+)k(\d+)_s(\d+)_w(\d+)s(\d+)$"),
 }
 
 
 def config_from_id(cid: str) -> BlockScaleConfig:
     """Inverse of ``cfg.id``. Raises ValueError for an unknown id."""
+    if cid == VendorConfig().id:
+        return VendorConfig()
     return parse_config_id(cid, _ID_RE, VARIANTS)
 
 
@@ -98,6 +125,8 @@ def config_params(cfg: BlockScaleConfig) -> dict:
     """Numeric parameters under the dense op's uniform names (PARAM_NAMES; 0 = n/a)."""
     names = {f.name for f in fields(cfg)}
     out = {p: getattr(cfg, p) if p in names else 0 for p in PARAM_NAMES}
+    if isinstance(cfg, VendorConfig):
+        return out
     if isinstance(cfg, BsTiledConfig):
         out["split_k"] = 1
     else:
@@ -152,6 +181,10 @@ _TILED_GRID = dict(block_m=(16, 32, 64, 128, 256), block_n=(32, 64, 128, 256), b
 # Split-K (decode): small row tiles, the split bringing a few tiles up to the SM count.
 _SPLITK_GRID = dict(block_m=(16, 32, 64), block_n=(32, 64, 128), block_k=(128,), split_k=(2, 4, 8),
                     warps_stages=((4, 3), (4, 4)))
+# Swap-AB (decode): 64 weight rows per tile as in the dense op's swap-AB space (chosen there
+# over 128 rows on the H100); K tiles of 64 or 128 (both divide the scale group).
+_SWAPAB_GRID = dict(block_m=(16, 32, 64), block_n=(64,), block_k=(64, 128), split_k=(1, 2, 4, 8),
+                    warps_stages=((4, 3), (4, 4), (4, 6)))
 
 
 def _warps_for(block_m: int, block_n: int) -> int:
@@ -169,6 +202,10 @@ def _enumerate() -> list[BlockScaleConfig]:
     for bm, bn, bk, sk in itertools.product(g["block_m"], g["block_n"], g["block_k"], g["split_k"]):
         for w, s in g["warps_stages"]:
             out.append(BsSplitKConfig(bm, bn, bk, sk, w, s))
+    g = _SWAPAB_GRID
+    for bm, bn, bk, sk in itertools.product(g["block_m"], g["block_n"], g["block_k"], g["split_k"]):
+        for w, s in g["warps_stages"]:
+            out.append(BsSwapABConfig(bm, bn, bk, sk, w, s))
     return list(dict.fromkeys(out))
 
 
@@ -176,11 +213,18 @@ def _enumerate() -> list[BlockScaleConfig]:
 
 def smem_bytes(cfg: BlockScaleConfig, dtype: str) -> int:
     """Shared memory of the pipelined A and B tiles (the scales are a few bytes per stage)."""
+    if isinstance(cfg, VendorConfig):
+        return 0
     return cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * DTYPE_BYTES[dtype]
 
 
 def static_feasible(cfg: BlockScaleConfig, arch: ArchSpec, dtype: str) -> tuple[bool, str]:
     """Problem-independent feasibility: the scale groups, shared memory, registers, fp8 dots."""
+    if isinstance(cfg, VendorConfig):
+        # cuBLASLt's blockwise scaling is fp8-only (the fp16/fp32 interpreter dtypes have none).
+        if dtype != "fp8":
+            return False, "the vendor candidate (blockwise torch._scaled_mm) is fp8-only"
+        return True, ""
     if cfg.block_k <= 0 or GROUP_K % cfg.block_k:
         return False, f"BLOCK_SIZE_K {cfg.block_k} must divide the scale group {GROUP_K} (one As/Bs column per K tile)"
     if smem_bytes(cfg, dtype) > arch.smem_per_block:
@@ -195,14 +239,20 @@ def static_feasible(cfg: BlockScaleConfig, arch: ArchSpec, dtype: str) -> tuple[
 
 def generate_configs(arch: str = "sm90", dtype: str = "fp8", include_vendor: bool = True) -> list[BlockScaleConfig]:
     """All statically feasible candidates for (arch, dtype), in a stable order (vLLM's default
-    first). ``include_vendor`` is accepted for the interface: the op has no vendor candidate yet."""
+    first, the vendor candidate last when ``include_vendor``)."""
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; known: {sorted(ARCHS)}")
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"unknown dtype {dtype!r}; known: {sorted(DTYPE_BYTES)}")
     spec = ARCHS[arch]
-    return [c for c in _enumerate() if static_feasible(c, spec, dtype)[0]]
+    # cuBLASLt's blockwise fp8 scaling exists on sm90 only (PyTorch refuses it elsewhere).
+    out = _enumerate() + ([VendorConfig()] if include_vendor and spec.name == "sm90" else [])
+    return [c for c in out if static_feasible(c, spec, dtype)[0]]
 
+
+# Where cuBLASLt's blockwise scaling runs (VENDOR_RULE below).
+VENDOR_K_MULTIPLE = 128
+VENDOR_N_MULTIPLE = 16
 
 # Split-K partials are fp32 (SPLIT_K, M, N), as for the dense op.
 SPLITK_WORKSPACE_LIMIT = 256 * 1024 * 1024
@@ -217,19 +267,34 @@ class ConfigArrays:
         variants = np.array([c.variant for c in configs], dtype=object)
         self.n = len(variants)
         self.splitk = variants == "splitk"
+        self.swapab = variants == "swapab"
+        self.vendor = variants == "vendor"
         self.params = param_arrays(configs, config_params, PARAM_NAMES)
         self.block_k = np.maximum(self.params["block_k"], 1)
+        # Programs that sum K slices (split-K, or swap-AB with split_k > 1).
+        self.split = self.splitk | (self.swapab & (self.params["split_k"] > 1))
 
 
 # The per-problem rules, (applies(problem), violated(arrays, problem), reason(problem, params)),
 # as in gemm_configs. The tiled kernel masks M, N and K: it runs every problem.
 PROBLEM_RULES = (
     (lambda p: True,
-     lambda a, p: a.splitk & (-(-p.k // a.block_k) < a.params["split_k"]),
+     lambda a, p: a.split & (-(-p.k // a.block_k) < a.params["split_k"]),
      lambda p, c: f"K={p.k} has {-(-p.k // c['block_k'])} k-tiles < split_k={c['split_k']}"),
     (lambda p: True,
-     lambda a, p: a.splitk & (a.params["split_k"] * p.m * p.n * 4 > SPLITK_WORKSPACE_LIMIT),
+     lambda a, p: a.split & (a.params["split_k"] * p.m * p.n * 4 > SPLITK_WORKSPACE_LIMIT),
      lambda p, c: "split-K workspace above limit"),
+    (lambda p: p.m > SWAPAB_MAX_M,
+     lambda a, p: a.swapab,
+     lambda p, c: f"swap-AB is a decode kernel: M={p.m} > {SWAPAB_MAX_M}"),
+    # One tile column covers every token: the one token count that covers M.
+    (lambda p: True,
+     lambda a, p: a.swapab & (a.params["block_m"] != swapab_tokens(p.m)),
+     lambda p, c: f"swap-AB tile has {c['block_m']} tokens; M={p.m} takes {swapab_tokens(p.m)}"),
+    # VENDOR_RULE: cuBLASLt's blockwise fp8 GEMM (checked on the H100, benchmarks/results/fp8_blockscale/).
+    (lambda p: bool(p.k % VENDOR_K_MULTIPLE or p.n % VENDOR_N_MULTIPLE),
+     lambda a, p: a.vendor,
+     lambda p, c: f"blockwise torch._scaled_mm needs K divisible by {VENDOR_K_MULTIPLE} and N by {VENDOR_N_MULTIPLE}"),
 )
 
 

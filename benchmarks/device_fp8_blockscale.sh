@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# fp8_blockscale data on a GPU machine whose calls last at most 10 minutes (issue 16): one
+# driver process in its own session runs, in order, the vendor probe, the correctness gate
+# on odd shapes, the evaluation sweep (every candidate) and a training shard (a sample of
+# candidates per shape); it outlives the call that started it, and each call watches it for
+# up to WAIT seconds and copies the gzipped shards to OUT. A fresh machine resumes from the
+# shards committed under datasets/raw/ and benchmarks/results/fp8_blockscale/.
+#
+#   benchmarks/device_fp8_blockscale.sh OUT WAIT
+set -uo pipefail
+out="$1"; wait_s="$2"
+run=/tmp/fp8bs
+mkdir -p "$out" "$run"
+if ! kill -0 "$(cat "$run/pid" 2>/dev/null)" 2>/dev/null && [ ! -f "$run/done" ]; then
+    for f in datasets/raw/fp8bs-*.jsonl.gz benchmarks/results/fp8_blockscale/*-shard*.jsonl.gz; do
+        [ -f "$f" ] || continue
+        b=$(basename "${f%.gz}")
+        [ -f "$run/$b" ] || gunzip -c "$f" >"$run/$b"
+    done
+    setsid nohup bash -c '
+        run='"$run"'
+        [ -s $run/probe.jsonl ] || python3 benchmarks/explore/fp8bs_vendor_probe.py >$run/probe.jsonl 2>$run/probe.err
+        costmodel bench --op fp8_blockscale --suite gate --dtype fp8 --mode all --name gate-fp8bs-h100 --out $run --quiet
+        costmodel bench --op fp8_blockscale --suite eval --dtype fp8 --mode all --name fp8bs-eval-h100 --out $run --quiet
+        costmodel bench --op fp8_blockscale --suite train --dtype fp8 --mode sample:40 --shard 0/24 \
+            --name fp8bs-train-h100 --out $run --quiet
+        touch $run/done' >"$run/driver.out" 2>"$run/driver.err" &
+    echo $! >"$run/pid"
+fi
+start=$(date +%s)
+while :; do
+    alive=0; kill -0 "$(cat "$run/pid")" 2>/dev/null && alive=1
+    counts=$(for f in "$run"/*.jsonl; do [ -f "$f" ] && printf "%s=%s " "$(basename "$f" .jsonl)" "$(wc -l <"$f")"; done)
+    echo "$(date +%T) alive=$alive $counts"
+    [ "$alive" = 0 ] && break
+    [ $(( $(date +%s) - start )) -ge "$wait_s" ] && break
+    sleep 20
+done
+for f in "$run"/*-shard*.jsonl; do [ -f "$f" ] && gzip -c "$f" >"$out/$(basename "$f").gz"; done
+cp "$run/probe.jsonl" "$out/" 2>/dev/null
+tar czf "$out/logs.tar.gz" -C "$run" $(cd "$run" && ls *.shapes.log driver.out driver.err probe.err 2>/dev/null) 2>/dev/null
+tail -n 30 "$run/driver.err"
+exit 0
