@@ -26,11 +26,14 @@ STATUS_CRASH = "crash"  # the process died while running this candidate (twice),
 # reserved), not a property of the config. Such a row is not permanent: a resume
 # measures it again, and its shape is no evaluation shape until it does.
 STATUS_OUT_OF_MEMORY = "out_of_memory"
+# A vendor library refused the problem (e.g. CUBLAS_STATUS_NOT_SUPPORTED): a property of the
+# candidate on this problem, and the CUDA context is intact (not a crash).
+STATUS_UNSUPPORTED = "unsupported"
 STATUSES = (STATUS_OK, STATUS_WRONG, STATUS_COMPILE_ERROR, STATUS_OUT_OF_RESOURCES, STATUS_CRASH,
-            STATUS_OUT_OF_MEMORY)
+            STATUS_OUT_OF_MEMORY, STATUS_UNSUPPORTED)
 # Failures that are a property of the config on this arch (it does not compile, or
 # needs more shared memory or registers than there are): expected, not a health problem.
-CONFIG_FAILURES = (STATUS_COMPILE_ERROR, STATUS_OUT_OF_RESOURCES)
+CONFIG_FAILURES = (STATUS_COMPILE_ERROR, STATUS_OUT_OF_RESOURCES, STATUS_UNSUPPORTED)
 
 def seed_for(problem: Problem, seed: int) -> int:
     """Deterministic per-problem seed, independent of Python's hash randomisation."""
@@ -75,6 +78,11 @@ def classify_exception(exc: BaseException) -> str:
         return STATUS_OUT_OF_MEMORY
     if name == "OutOfResources" or "out of resource" in text.lower():
         return STATUS_OUT_OF_RESOURCES
+    # cuBLAS status errors arrive as "CUDA error: CUBLAS_STATUS_..." but leave the context
+    # intact; so do PyTorch's argument checks of the vendor call.
+    if "CUBLAS_STATUS_NOT_SUPPORTED" in text or "CUBLAS_STATUS_INVALID_VALUE" in text \
+            or "Invalid scaling configuration" in text:
+        return STATUS_UNSUPPORTED
     if "CUDA error" in text or "illegal memory access" in text or name == "AcceleratorError":
         return STATUS_CRASH
     return STATUS_COMPILE_ERROR

@@ -268,6 +268,7 @@ def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all",
                 stats.stopped_early = True
                 break
             phase = stats.phase_seconds
+            phase0 = dict(phase)
             try:
                 ops, ref = C.operand_sets(prob, seed, l2, device, op)
             except Exception as exc:  # noqa: BLE001 - only running out of memory skips a shape
@@ -333,7 +334,10 @@ def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all",
             del ops, ref
             free_device_memory(timer, device, force=False)
             entry = {"shape": prob.key, "rows": sum(counts.values()), "statuses": dict(counts),
-                     "seconds": round(time.perf_counter() - t_shape, 2), "memory": shape_memory(device)}
+                     "seconds": round(time.perf_counter() - t_shape, 2),
+                     # Where this shape's seconds went (a slow shape: compiling? timing?).
+                     "phase_seconds": {k: round(phase[k] - phase0.get(k, 0.0), 2) for k in phase},
+                     "memory": shape_memory(device)}
             stats.shape_log.append(entry)
             warn = health_warning(prob.key, counts)
             if warn:

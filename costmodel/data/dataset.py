@@ -21,7 +21,7 @@ from .health import STATUS_ORDER, health
 
 # out_of_memory: the device had no memory for the shape's operands or workspace (another
 # process held it); a failure of the sweep, not of the config. See demote_oom_eval_shapes.
-STATUSES = ("ok", "wrong", "compile_error", "out_of_resources", "out_of_memory", "crash")
+STATUSES = ("ok", "wrong", "compile_error", "out_of_resources", "out_of_memory", "crash", "unsupported")
 DTYPES = ("bf16", "fp16", "fp8", "fp32")
 SOURCES = ("harness", "csv", "vllm")
 

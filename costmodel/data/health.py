@@ -12,8 +12,8 @@ from __future__ import annotations
 import pandas as pd
 
 # Failures that say nothing against the measurement: the config cannot run the shape.
-CONFIG_FAILURES = ("compile_error", "out_of_resources")
-STATUS_ORDER = ("ok", "wrong", "compile_error", "out_of_resources", "out_of_memory", "crash")
+CONFIG_FAILURES = ("compile_error", "out_of_resources", "unsupported")
+STATUS_ORDER = ("ok", "wrong", "compile_error", "out_of_resources", "out_of_memory", "crash", "unsupported")
 WARN_FRACTION = 0.01
 # Shape columns, in label order; raw harness rows lack some of them (op, e, top_k).
 _SHAPE_COLS = ("arch", "gpu_name", "op", "dtype", "m", "n", "k", "e", "top_k")

@@ -251,7 +251,8 @@ def generate_configs(arch: str = "sm90", dtype: str = "fp8", include_vendor: boo
 
 
 # Where cuBLASLt's blockwise scaling runs (VENDOR_RULE below).
-VENDOR_K_MULTIPLE = 128
+VENDOR_M_MULTIPLE = 4
+VENDOR_K_MULTIPLE = 4 * GROUP_K
 VENDOR_N_MULTIPLE = 16
 
 # Split-K partials are fp32 (SPLIT_K, M, N), as for the dense op.
@@ -291,7 +292,14 @@ PROBLEM_RULES = (
     (lambda p: True,
      lambda a, p: a.swapab & (a.params["block_m"] != swapab_tokens(p.m)),
      lambda p, c: f"swap-AB tile has {c['block_m']} tokens; M={p.m} takes {swapab_tokens(p.m)}"),
-    # VENDOR_RULE: cuBLASLt's blockwise fp8 GEMM (checked on the H100, benchmarks/results/fp8_blockscale/).
+    # cuBLASLt's blockwise fp8 GEMM, as probed on the H100 (torch 2.11, CUDA 13.0;
+    # benchmarks/results/fp8_blockscale/vendor_probe.jsonl): M not a multiple of 4 is refused
+    # (CUBLAS_STATUS_NOT_SUPPORTED: As's column stride is M floats), and with K/128 groups not
+    # a multiple of 4 it returns wrong results (K = 128, 896, 2304) while PyTorch refuses the
+    # padded scale layout that would fix it.
+    (lambda p: bool(p.m % VENDOR_M_MULTIPLE),
+     lambda a, p: a.vendor,
+     lambda p, c: f"blockwise torch._scaled_mm needs M divisible by {VENDOR_M_MULTIPLE}"),
     (lambda p: bool(p.k % VENDOR_K_MULTIPLE or p.n % VENDOR_N_MULTIPLE),
      lambda a, p: a.vendor,
      lambda p, c: f"blockwise torch._scaled_mm needs K divisible by {VENDOR_K_MULTIPLE} and N by {VENDOR_N_MULTIPLE}"),
