@@ -425,6 +425,31 @@ def cmd_select(args) -> int:
     return 0
 
 
+def cmd_export_vllm(args) -> int:
+    """Write vLLM tuned-config files (w8a8 block fp8) from the dispatcher's picks."""
+    import warnings
+
+    from gemm_costmodel.learning import vllm_export as V
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            V.check_op(args.op)
+            if not args.nk:
+                raise ValueError("give at least one --nk N,K (the weight's N x K), e.g. --nk 5120,8960")
+            if not args.out:
+                raise ValueError("give --out DIR, the folder for the vLLM files")
+            pairs = [V.parse_nk(t) for t in args.nk]
+            written = V.export(pairs, args.out, gpu_name=args.gpu, models_dir=args.models, op=args.op)
+        except (OSError, ValueError) as exc:
+            return _fail(str(exc))
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr)
+    for path, table in written:
+        print(V.summary_line(path, table))
+    return 0
+
+
 def _op_arg(p) -> None:
     from gemm_costmodel import registry  # torch-free
 
@@ -544,6 +569,15 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--models", default=None, help="model folder (default: the shipped models)")
     q.add_argument("--top", type=int, default=1, help="show the model's top k")
     q.set_defaults(func=cmd_select)
+
+    v = sub.add_parser("export-vllm", help="write vLLM tuned-config files (w8a8 block fp8) from the dispatcher's "
+                                           "picks, one per (N, K)")
+    v.add_argument("--op", default="fp8_blockscale", help="the op (export-vllm supports fp8_blockscale)")
+    v.add_argument("--nk", action="append", default=[], metavar="N,K", help="a weight shape N,K (repeatable)")
+    v.add_argument("--gpu", default="NVIDIA H100 80GB HBM3", help="GPU name, as CUDA names it (default: H100 SXM)")
+    v.add_argument("--models", default=None, help="model folder (default: the shipped models)")
+    v.add_argument("--out", default=None, help="folder for the vLLM files")
+    v.set_defaults(func=cmd_export_vllm)
 
     r = sub.add_parser("run", help="main job: evaluate (report) + train + export on the shipped data")
     _model_args(r, report=True, train=True)

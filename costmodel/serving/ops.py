@@ -1,17 +1,24 @@
 """Convenience ops: dispatch, then launch. ``gemm(x, w)`` and ``gemm_fp8(x, w, scale_a, scale_b)``
 compute y = x @ w.T (nn.Linear layout: x is (M, K), w is (N, K)).
 
-Both are torch custom ops (``torch.ops.gemm_costmodel.gemm`` / ``gemm_fp8``) with
-fake implementations, so they trace under torch.compile and replay inside CUDA
-graphs: the decision is made on the host from the shapes alone, never by reading
-the GPU.
+The block-scaled fp8 op (vLLM's w8a8 block-fp8 linear, op ``fp8_blockscale``):
+``gemm_fp8_blockscale(x, w, x_scale, w_scale)`` computes y = (x * x_scale) @ (w * w_scale).T
+in bf16, with per-token 128-wide K group scales x_scale (M, ceil(K/128)) and 128x128
+block scales w_scale (ceil(N/128), ceil(K/128)); ``quantize_fp8_per_token_group(x)``
+makes (x, x_scale) from a bf16/fp16/fp32 activation.
+
+All are torch custom ops (``torch.ops.gemm_costmodel.gemm`` / ``gemm_fp8`` /
+``gemm_fp8_blockscale`` / ``quantize_fp8_per_token_group``) with fake implementations,
+so they trace under torch.compile and replay inside CUDA graphs: the decision is made
+on the host from the shapes alone, never by reading the GPU. Each op has its own
+dispatcher (``set_dispatcher(d)`` sets the one of ``d.op``).
 
 Unsure mode (opt-in, ``enable_unsure_mode``): the first call of a new shape
 benchmarks the model's top k candidates on the GPU, keeps the fastest, and
 persists the winner with provenance to a JSON file that later processes load as
 a tuned table. Cost: about k x (compile ~0.4 s when not cached + ~30 ms timing)
 on the first call per shape; none afterwards. Never benchmarks during CUDA-graph
-capture (the model's choice is used there).
+capture (the model's choice is used there). Unsure mode serves the dense ops only.
 """
 from __future__ import annotations
 
@@ -29,27 +36,58 @@ from gemm_costmodel.serving.runtime import Dispatcher, default_dispatcher
 # The dense GEMM op: its space and (torch, triton) implementation, from the registry.
 _OP = registry.get("gemm")
 K = _OP.impl_module()
+# The block-scaled fp8 op (vLLM's w8a8 block-fp8 linear).
+BS_OP_NAME = "fp8_blockscale"
+_BS_OP = registry.get(BS_OP_NAME)
+BS = _BS_OP.impl_module()
 
-_dispatcher: Dispatcher | None = None
-_configs: dict[str, object] = {}
+# One dispatcher per op: set ones (set_dispatcher) and lazily made defaults for the current GPU.
+_dispatchers: dict[str, Dispatcher] = {}
+_default_dispatchers: dict[str, Dispatcher] = {}
+_default_lock = threading.Lock()
+# Config objects by (op, id): the ops share ids such as "cublas" with different meanings.
+_configs: dict[tuple[str, str], object] = {}
 _unsure: "UnsureTuner | None" = None
 
 
-def set_dispatcher(d: Dispatcher | None) -> None:
-    """Use ``d`` for the ops (None: the process-wide default for the current GPU)."""
-    global _dispatcher
-    _dispatcher = d
+def set_dispatcher(d: Dispatcher | None, op: str | None = None) -> None:
+    """Use ``d`` for the ops of ``op`` (default: ``d.op``; the dense ``gemm`` when ``d`` is None).
+    None goes back to the process-wide default for the current GPU. ValueError if ``d`` serves
+    another op than ``op`` or ``op`` is unknown."""
+    # A dispatcher-like object without .op (a test double, older code) serves the dense op.
+    d_op = getattr(d, "op", registry.DEFAULT_OP) if d is not None else None
+    if op is None:
+        op = d_op or registry.DEFAULT_OP
+    registry.get(op)  # ValueError naming the known ops
+    if d is None:
+        _dispatchers.pop(op, None)
+        return
+    if d_op != op:
+        raise ValueError(f"the dispatcher serves op {d_op!r}, not {op!r}")
+    _dispatchers[op] = d
 
 
-def dispatcher() -> Dispatcher:
-    """The dispatcher the ops use."""
-    return _dispatcher if _dispatcher is not None else default_dispatcher()
+def dispatcher(op: str = registry.DEFAULT_OP) -> Dispatcher:
+    """The dispatcher the ops of ``op`` use."""
+    d = _dispatchers.get(op)
+    if d is not None:
+        return d
+    if op == registry.DEFAULT_OP:
+        return default_dispatcher()
+    d = _default_dispatchers.get(op)
+    if d is None:
+        with _default_lock:
+            d = _default_dispatchers.get(op)
+            if d is None:
+                registry.get(op)
+                d = _default_dispatchers[op] = Dispatcher(op=op)
+    return d
 
 
-def _config(cid: str):
-    cfg = _configs.get(cid)
+def _config(cid: str, op: str = registry.DEFAULT_OP):
+    cfg = _configs.get((op, cid))
     if cfg is None:
-        cfg = _configs[cid] = _OP.config_from_id(cid)
+        cfg = _configs[(op, cid)] = registry.get(op).config_from_id(cid)
     return cfg
 
 
@@ -103,6 +141,136 @@ def gemm_fp8(x: torch.Tensor, w: torch.Tensor, scale_a: torch.Tensor, scale_b: t
     if torch.compiler.is_compiling():
         return torch.ops.gemm_costmodel.gemm_fp8(x, w, scale_a, scale_b)
     return _run(x, w, scale_a, scale_b)
+
+
+# -- block-scaled fp8 (op fp8_blockscale) -----------------------------------------------
+
+# The dtype the dispatcher decides for, by operand dtype. fp16/fp32 operands (same scale
+# layout) exist for the Triton CPU interpreter, which computes garbage for fp8 dots; the
+# dispatcher serves bf16/fp16/fp8, so fp32 is decided as fp16. The interpreter has no
+# shared-memory limit, and nothing serves fp32 on a GPU.
+_BS_DISPATCH_DTYPE = {"fp8": "fp8", "fp16": "fp16", "fp32": "fp16"}
+# The op's argument names, in impl.check_operands' order (a, b, as_, bs).
+_BS_ARGS = ("x", "w", "x_scale", "w_scale")
+
+
+def _check_blockscale(x, w, x_scale, w_scale) -> str:
+    """ValueError naming the bad argument (x, w, x_scale, w_scale); returns the dtype name.
+
+    The per-argument checks are repeated here so that the message uses the op's argument
+    names; impl.check_operands stays the one definition of what the kernels accept."""
+    for label, t in zip(_BS_ARGS, (x, w, x_scale, w_scale)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{label} must be a torch tensor, got {type(t).__name__}")
+        if t.dim() != 2:
+            raise ValueError(f"{label} must be 2-D, got {t.dim()}-D (shape {tuple(t.shape)})")
+        if not t.is_contiguous():
+            raise ValueError(f"{label} must be contiguous (row-major)")
+        if t.device != x.device:
+            raise ValueError(f"{label} is on {t.device}, x on {x.device}: all operands must be on one device")
+    if x.dtype not in BS.DTYPE_NAMES:
+        raise ValueError(f"x must be float8_e4m3fn (fp16/fp32 for the CPU interpreter), got {x.dtype}")
+    if w.dtype != x.dtype:
+        raise ValueError(f"w must have x's dtype {x.dtype}, got {w.dtype}")
+    if w.shape[1] != x.shape[1]:
+        raise ValueError(f"w must be (N, K) with x's K = {x.shape[1]}, got shape {tuple(w.shape)}")
+    m, k = x.shape
+    n = w.shape[0]
+    if m < 1 or n < 1 or k < 1:
+        raise ValueError(f"M, N and K must be >= 1, got x {tuple(x.shape)}, w {tuple(w.shape)}")
+    want_x, want_w = BS.scale_shapes(m, n, k)
+    for label, s, want, form in (("x_scale", x_scale, want_x, "(M, ceil(K/128))"),
+                                 ("w_scale", w_scale, want_w, "(ceil(N/128), ceil(K/128))")):
+        if s.dtype != torch.float32:
+            raise ValueError(f"{label} must be float32, got {s.dtype}")
+        if tuple(s.shape) != want:
+            raise ValueError(f"{label} must have shape {form} = {want} (128-wide groups), got {tuple(s.shape)}")
+    return BS.check_operands(x, w, x_scale, w_scale)
+
+
+def choose_fp8_blockscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor) -> str:
+    """The config id ``gemm_fp8_blockscale`` would launch for these operands (validates them)."""
+    name = _check_blockscale(x, w, x_scale, w_scale)
+    m, k = x.shape
+    return dispatcher(BS_OP_NAME).select(m, w.shape[0], k, _BS_DISPATCH_DTYPE[name]).candidate
+
+
+def _run_blockscale(x, w, x_scale, w_scale) -> torch.Tensor:
+    cfg = _config(choose_fp8_blockscale(x, w, x_scale, w_scale), BS_OP_NAME)
+    return BS.launch(cfg, x, w, x_scale, w_scale)
+
+
+@torch.library.custom_op("gemm_costmodel::gemm_fp8_blockscale", mutates_args=())
+def _gemm_fp8_blockscale_op(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor,
+                            w_scale: torch.Tensor) -> torch.Tensor:
+    return _run_blockscale(x, w, x_scale, w_scale)
+
+
+@_gemm_fp8_blockscale_op.register_fake
+def _(x, w, x_scale, w_scale):
+    # Shapes and dtypes only: comparing symbolic sizes here would add guards (or specialise
+    # dynamic shapes); the real op validates everything on its first call.
+    for label, t in zip(_BS_ARGS, (x, w, x_scale, w_scale)):
+        if t.dim() != 2:
+            raise ValueError(f"{label} must be 2-D, got {t.dim()}-D (shape {tuple(t.shape)})")
+    if x.dtype not in BS.DTYPE_NAMES:
+        raise ValueError(f"x must be float8_e4m3fn (fp16/fp32 for the CPU interpreter), got {x.dtype}")
+    return x.new_empty((x.shape[0], w.shape[0]), dtype=BS.OUT_TORCH_DTYPES[BS.DTYPE_NAMES[x.dtype]])
+
+
+def _check_quantize(x, group) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"x must be a torch tensor, got {type(x).__name__}")
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D (M, K), got {x.dim()}-D (shape {tuple(x.shape)})")
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
+    if type(group) is not int or group < 1:
+        raise ValueError(f"group must be an int >= 1, got {group!r}")
+
+
+def _quantize(x, group):
+    _check_quantize(x, group)
+    if x.shape[0] == 0 or x.shape[1] == 0:  # impl's group reshape needs elements; no groups to scale
+        return (x.new_empty(x.shape, dtype=torch.float8_e4m3fn),
+                x.new_zeros((x.shape[0], -(-x.shape[1] // group)), dtype=torch.float32))
+    return BS.quantize_per_token_group(x, group, torch.float8_e4m3fn)
+
+
+@torch.library.custom_op("gemm_costmodel::quantize_fp8_per_token_group", mutates_args=())
+def _quantize_op(x: torch.Tensor, group: int = BS.GROUP_K) -> tuple[torch.Tensor, torch.Tensor]:
+    return _quantize(x, group)
+
+
+@_quantize_op.register_fake
+def _(x, group=BS.GROUP_K):
+    _check_quantize(x, group)
+    m, k = x.shape
+    return x.new_empty((m, k), dtype=torch.float8_e4m3fn), x.new_empty((m, -(-k // group)), dtype=torch.float32)
+
+
+def gemm_fp8_blockscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    """y (M, N) = (x * x_scale) @ (w * w_scale).T on the dispatched kernel (vLLM's w8a8 block-fp8 linear).
+
+    x: float8_e4m3fn (M, K) activations; x_scale: float32 (M, ceil(K/128)), one scale per token
+    per 128-wide K group (``quantize_fp8_per_token_group(x_bf16)`` makes both); w: float8_e4m3fn
+    (N, K); w_scale: float32 (ceil(N/128), ceil(K/128)), one per 128x128 weight block. Returns
+    bf16 (for fp16/fp32 operands, the CPU interpreter's stand-ins: the input dtype). Any M >= 1;
+    N and K need not be multiples of 128. ValueError naming the bad argument."""
+    if torch.compiler.is_compiling():
+        return torch.ops.gemm_costmodel.gemm_fp8_blockscale(x, w, x_scale, w_scale)
+    return _run_blockscale(x, w, x_scale, w_scale)
+
+
+def quantize_fp8_per_token_group(x: torch.Tensor, group: int = BS.GROUP_K) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x_q, x_scale): x (M, K) bf16/fp16/fp32 -> float8_e4m3fn (M, K) and float32 (M, ceil(K/group)),
+    with x ~= x_q * x_scale repeated over each group of ``group`` columns; each group's largest |x|
+    maps to 448 (an all-zero group gets a tiny positive scale and zeros, never NaN).
+    ``gemm_fp8_blockscale`` needs group = 128 (its x_scale is per 128 columns); other groups are
+    for other consumers."""
+    if torch.compiler.is_compiling():
+        return torch.ops.gemm_costmodel.quantize_fp8_per_token_group(x, group)
+    return _quantize(x, group)
 
 
 # -- unsure mode -----------------------------------------------------------------------
