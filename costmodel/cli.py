@@ -234,10 +234,16 @@ def cmd_import(args) -> int:
 # -- cost model -----------------------------------------------------------------
 
 def _train_config(args):
+    from gemm_costmodel import registry
     from gemm_costmodel.learning.model import TrainConfig
 
+    # The op's own defaults (registry ``train_defaults``) unless the command line says otherwise.
+    tol = getattr(args, "shortlist_tol", None)
+    if tol is None:
+        tol = registry.get(args.op).train_defaults.get("shortlist_tol", TrainConfig.shortlist_tol)
     return TrainConfig(formulation=args.formulation, n_estimators=args.trees, max_depth=args.depth,
-                       learning_rate=args.eta, n_jobs=args.jobs, seed=args.seed, eval_weight=args.eval_weight)
+                       learning_rate=args.eta, n_jobs=args.jobs, seed=args.seed, eval_weight=args.eval_weight,
+                       shortlist_tol=tol)
 
 
 def _load_frame(args):
@@ -377,7 +383,12 @@ def cmd_evaluate(args) -> int:
             rows = cross_validate(df, lat_cfg, scheme="family" if fam is not None else "nk", baselines=False)[1]
     except ValueError as exc:
         return _fail(f"cannot evaluate: {exc}")
-    path = report.write_report(args.report, fam, nk, rows, comparison, header=_report_header(df, cfg))
+    from gemm_costmodel import registry
+
+    main = fam if fam is not None else nk
+    sections = registry.get(args.op).report_sections(main[main["gpu_name"].notna()]) if main is not None else []
+    path = report.write_report(args.report, fam, nk, rows, comparison, header=_report_header(df, cfg),
+                               extra_sections=sections)
     from gemm_costmodel.learning.evaluate import metrics_table
 
     if getattr(args, "metrics_out", None) is not None:
@@ -472,6 +483,9 @@ def _model_args(p, report: bool = False, train: bool = False) -> None:
     p.add_argument("--eval-weight", type=float, default=TrainConfig.eval_weight,
                    help="weight of an evaluation shape (every candidate measured) vs a sampled one")
     p.add_argument("--eta", type=float, default=0.2)
+    p.add_argument("--shortlist-tol", type=float, default=None,
+                   help="runtime shortlist: candidates within this factor of a training shape's best per M "
+                        "bucket (0: score every candidate; default: the op's, 1.05 for gemm, 0 for fp8_blockscale)")
     p.add_argument("--jobs", type=int, default=2, help="xgboost threads")
     p.add_argument("--seed", type=int, default=0)
     if report:

@@ -14,8 +14,9 @@ runtime, the CLI) asks the registry instead of importing an op's modules:
   pins, e.g. a dense GEMM has E = 1 and top_k = 1: anything else is another op);
 - ``vendor_ids``, the ``default_config`` (what an untuned user runs: a baseline), the
   ``fallback`` decision rule, the held-out ``split_key``, the
-  ``suites`` of shapes, and ``extra_features`` (added to the shared feature list; they
-  enter the op's schema hash, so a new op never invalidates another op's model).
+  ``suites`` of shapes, ``extra_features`` (added to the shared feature list; they
+  enter the op's schema hash, so a new op never invalidates another op's model), and
+  ``baselines``, the op's own baselines for the held-out evaluation (e.g. vLLM's tables).
 
 Adding an op: a folder of its own under kernels/ (space + implementation), a suite
 function, and one line in ``REGISTRY`` below; see README "Adding an op".
@@ -53,6 +54,11 @@ class OpSpec:
     split_key: tuple[str, ...] = ("n", "k")
     suites: dict = field(default_factory=dict)
     extra_features: tuple[str, ...] = ()
+    # 'module:function' (pandas; lazily) returning {method: scores} of op-specific baselines
+    # for the held-out evaluation, fitted on the fold's training rows only (e.g. vLLM's tables).
+    baselines: str = ""
+    # TrainConfig defaults of this op's models (the command line overrides them).
+    train_defaults: dict = field(default_factory=dict)
 
     # -- the space (torch-free) ---------------------------------------------------------
     def space_module(self) -> ModuleType:
@@ -89,6 +95,17 @@ class OpSpec:
     def fallback_rule(self) -> Callable:
         return _resolve(self.fallback)
 
+    def baseline_scores(self, ev, train) -> dict:
+        """Op-specific baseline scores on evaluation rows ({} when the op names none)."""
+        return _resolve(self.baselines)(ev, train) if self.baselines else {}
+
+    def report_sections(self, results) -> list[str]:
+        """The op's own report sections: ``report_section(results)`` of its baselines module."""
+        if not self.baselines:
+            return []
+        fn = getattr(importlib.import_module(self.baselines.partition(":")[0]), "report_section", None)
+        return [fn(results)] if fn is not None else []
+
     def suite(self, name: str, dtype: str) -> list:
         if name not in self.suites:
             raise ValueError(f"op {self.name} has no suite {name!r}; it has: {', '.join(sorted(self.suites))}")
@@ -119,7 +136,12 @@ REGISTRY: dict[str, OpSpec] = {
         split_key=("n", "k"),
         suites={"train": "gemm_costmodel.kernels.fp8_blockscale.suites:training_suite",
                 "eval": "gemm_costmodel.kernels.fp8_blockscale.suites:eval_suite",
-                "gate": "gemm_costmodel.kernels.fp8_blockscale.suites:gate_suite"}),
+                "gate": "gemm_costmodel.kernels.fp8_blockscale.suites:gate_suite"},
+        baselines="gemm_costmodel.kernels.fp8_blockscale.baselines:scores",
+        # No shortlist: with ~600 training shapes, a per-M-bucket shortlist of configs within 5%
+        # of a training shape's best dropped the best config of held-out shapes (leave-family-out
+        # geomean 1.035 with it, 1.029 without; models/report/fp8_blockscale/).
+        train_defaults={"shortlist_tol": 0.0}),
 }
 DEFAULT_OP = "gemm"
 

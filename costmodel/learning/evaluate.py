@@ -23,7 +23,8 @@ from gemm_costmodel.util import geomean  # noqa: F401 - geomean is part of this 
 
 TOPK = (1, 2, 4, 8)
 MATCH_TOL = 1.02
-METHODS = ("model", "oracle", "cublas", "default", "best_static", "heuristic", "nearest_neighbor")
+METHODS = ("model", "oracle", "cublas", "default", "vllm_tuned", "hand_heuristic", "best_static", "heuristic",
+           "nearest_neighbor")
 
 
 def eval_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -202,6 +203,8 @@ def baseline_scores(ev: pd.DataFrame, train: pd.DataFrame) -> dict[str, np.ndarr
     wanted = pd.Series({sid: nn_pick(table, str(r["gpu_name"]), str(r["dtype"]), int(r["m"]), int(r["n"]),
                                      int(r["k"])) for sid, r in first.iterrows()})
     out["nearest_neighbor"] = _pick_score(ev, wanted)
+    # The op's own baselines (registry ``baselines``), fitted on the same training rows.
+    out.update(spec.baseline_scores(ev, train))
     return out
 
 

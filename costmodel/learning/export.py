@@ -61,7 +61,10 @@ def _versions() -> dict:
 def data_hash(df) -> str:
     """Hash of the training data's keys and medians (order-independent)."""
     cols = ["gpu_name", "dtype", "m", "n", "k", "e", "top_k", "candidate", "p50_us", "stable", "status"]
-    t = df[cols].astype(str).agg("|".join, axis=1).sort_values()
+    # Through object: a nullable column's missing values (e.g. 'stable' on a failed row) would
+    # stay float NaN under astype(str) and break the join.
+    v = df[cols].astype(object)
+    t = v.where(v.notna(), "nan").astype(str).agg("|".join, axis=1).sort_values()
     return hashlib.sha256("\n".join(t).encode()).hexdigest()[:16]
 
 
