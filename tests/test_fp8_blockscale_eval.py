@@ -135,3 +135,36 @@ def test_shipped_fp8_blockscale_data_is_complete():
         want = {c.id for c in S.feasible_configs(S.Problem(int(m), int(n), int(k), "fp8"))}
         assert want <= set(g["candidate"]), (m, n, k)
     assert np.isfinite(ev.loc[ev["status"] == "ok", "p50_us"]).all()
+
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def test_shipped_fp8_blockscale_model_serves_the_op():
+    import os
+
+    from gemm_costmodel.serving import features as F
+    from gemm_costmodel.serving.runtime import Dispatcher
+
+    models = os.path.join(os.path.dirname(registry.__file__), "..", "models")
+    man = json.load(open(os.path.join(models, "fp8_blockscale-sm90.json"), encoding="utf-8"))
+    assert man["op"] == "fp8_blockscale" and man["feature_schema_hash"] == F.schema_hash("fp8_blockscale")
+    d = Dispatcher(gpu_name=H100, op="fp8_blockscale")
+    for m, n, k in [(1, 7168, 2048), (7, 576, 7168), (4097, 1000, 1000), (4096, 7168, 18432)]:
+        c = d.select(m, n, k, "fp8")
+        assert c.source == "model", (m, n, k, c)
+        assert S.check_feasible(S.config_from_id(c.candidate), S.Problem(m, n, k, "fp8"))[0]
+    # The vendor is never chosen where cuBLASLt refuses the problem (M % 4).
+    assert all(ch.candidate != "cublas" for ch in d.rank(7, 7168, 2048, "fp8", count=400))
+
+
+def test_export_vllm_from_the_shipped_model(tmp_path):
+    from gemm_costmodel.learning import vllm_export as V
+
+    (path, table), = V.export([(5120, 8960)], str(tmp_path), gpu_name=H100)
+    body = json.load(open(path, encoding="utf-8"))
+    assert list(body) == [str(m) for m in V.VLLM_M_GRID]
+    for m, entry in body.items():
+        cfg = S.from_vllm(entry)
+        assert S.check_feasible(cfg, S.Problem(int(m), 5120, 8960, "fp8"))[0]
+    assert "N=5120,K=8960,device_name=NVIDIA_H100_80GB_HBM3,dtype=fp8_w8a8,block_shape=[128,128].json" in path
