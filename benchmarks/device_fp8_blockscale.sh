@@ -20,10 +20,11 @@ if ! kill -0 "$(cat "$run/pid" 2>/dev/null)" 2>/dev/null && [ ! -f "$run/done" ]
     setsid nohup bash -c '
         run='"$run"'
         [ -s $run/probe.jsonl ] || python3 benchmarks/explore/fp8bs_vendor_probe.py >$run/probe.jsonl 2>$run/probe.err
-        python3 -m gemm_costmodel.cli bench --op fp8_blockscale --suite gate --dtype fp8 --mode all --name gate-fp8bs-h100 --out $run --quiet
-        python3 -m gemm_costmodel.cli bench --op fp8_blockscale --suite eval --dtype fp8 --mode all --name fp8bs-eval-h100 --out $run --quiet
+        # "done" only when every sweep finished: a failed one is resumed by the next call.
+        python3 -m gemm_costmodel.cli bench --op fp8_blockscale --suite gate --dtype fp8 --mode all --name gate-fp8bs-h100 --out $run --quiet &&
+        python3 -m gemm_costmodel.cli bench --op fp8_blockscale --suite eval --dtype fp8 --mode all --name fp8bs-eval-h100 --out $run --quiet &&
         python3 -m gemm_costmodel.cli bench --op fp8_blockscale --suite train --dtype fp8 --mode sample:40 --shard 0/24 \
-            --name fp8bs-train-h100 --out $run --quiet
+            --name fp8bs-train-h100 --out $run --quiet &&
         touch $run/done' >"$run/driver.out" 2>"$run/driver.err" &
     echo $! >"$run/pid"
 fi

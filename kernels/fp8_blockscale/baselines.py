@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +23,6 @@ import numpy as np
 from . import space
 
 ENV_VLLM_DIR = "COSTMODEL_VLLM_BLOCK_FP8_CONFIGS"
-_NAME_RE = re.compile(r"^N=(\d+),K=(\d+),device_name=(.+),dtype=fp8_w8a8,block_shape=\[128,\s*128\]\.json$")
 
 
 def default_vllm_dir() -> str:
@@ -33,21 +31,19 @@ def default_vllm_dir() -> str:
                                          "vllm_w8a8_block_fp8_configs"))
 
 
-def vllm_device_name(gpu_name: str) -> str:
-    """vLLM's device_name in file names: the CUDA device name with spaces as underscores."""
-    return gpu_name.replace(" ", "_")
-
-
 def load_vllm_tables(folder: str | None = None, gpu_name: str = "NVIDIA H100 80GB HBM3") -> dict:
     """{(N, K): {M: config id}} of vLLM's tuned block-fp8 files for one GPU; {} when the folder
     is missing. A file whose entry is not in our space raises ValueError naming it."""
+    # vLLM's file naming, as the exporter writes it (one definition of it).
+    from gemm_costmodel.learning.vllm_export import FILE_NAME_RE, device_name
+
     folder = folder or os.environ.get(ENV_VLLM_DIR) or default_vllm_dir()
     if not os.path.isdir(folder):
         return {}
-    want = vllm_device_name(gpu_name)
+    want = device_name(gpu_name)
     out = {}
     for name in sorted(os.listdir(folder)):
-        mt = _NAME_RE.match(name)
+        mt = FILE_NAME_RE.match(name)
         if not mt or mt.group(3) != want:
             continue
         with open(os.path.join(folder, name), encoding="utf-8") as fh:
