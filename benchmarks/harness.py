@@ -206,7 +206,27 @@ def key_of(op: str, shape, candidate: str) -> tuple:
     """The store key of a (shape, candidate) of an op (see store.row_key)."""
     spec = registry.get(op)
     e, top_k = getattr(shape, "e", spec.fixed.get("e", 1)), getattr(shape, "top_k", spec.fixed.get("top_k", 1))
-    return (op, shape.dtype, shape.m, shape.n, shape.k, e, top_k, candidate)
+    return (op, shape.dtype, shape.m, shape.n, shape.k, e, top_k, candidate, getattr(shape, "stage", ""),
+            getattr(shape, "routing", ""))
+
+
+def shape_problem(spec, shape):
+    """The op's Problem of a suite shape (its ``problem_fields``, read off the shape)."""
+    return spec.problem_of({f: getattr(shape, f) for f in spec.problem_fields})
+
+
+def problem_row_fields(spec, problem) -> dict:
+    """The row columns of a problem beyond (m, n, k, dtype): the op's pinned fields and, for an
+    op with extra fields (MoE: e, top_k, stage, routing), those plus the routing's statistics."""
+    out = dict(spec.fixed)
+    for f in spec.problem_fields:
+        if f not in ("m", "n", "k", "dtype"):
+            out[f] = getattr(problem, f)
+    counts = getattr(problem, "counts", None)
+    if callable(counts):
+        c = counts()
+        out.update(tpe_max=int(max(c)), active_experts=int(sum(1 for v in c if v > 0)))
+    return out
 
 
 def measure_candidate(cfg: GemmConfig, ops, ref, dtype: str, timer, key: tuple, phase: dict,
@@ -250,7 +270,7 @@ def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all",
     stats = SweepStats()
     plan = []
     for sh in shapes:
-        prob = spec.problem(m=sh.m, n=sh.n, k=sh.k, dtype=sh.dtype)
+        prob = shape_problem(spec, sh)
         cands = select_candidates(prob, mode, seed, arch, op)
         todo = [c for c in cands if not store.done(key_of(op, sh, c.id))]
         stats.skipped += len(cands) - len(todo)
@@ -283,7 +303,7 @@ def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all",
             n_copies = len(ops)
             phase["setup"] += time.perf_counter() - t_shape
             base = {
-                "suite": suite, "op": op, **spec.fixed, "m": sh.m, "n": sh.n, "k": sh.k, "dtype": sh.dtype,
+                "suite": suite, "op": op, **problem_row_fields(spec, prob), "m": sh.m, "n": sh.n, "k": sh.k, "dtype": sh.dtype,
                 "family": sh.family, "origins": ";".join(sh.origins[:8]),
                 "eval_shape": mode == "all", "n_candidates": n_cands, "seed": seed,
                 "l2_policy": L2_POLICY, "n_copies": n_copies, "timer": timer.name, **prov,

@@ -19,21 +19,42 @@ from gemm_costmodel import registry
 from ..kernels.gemm_configs import Problem, VendorConfig
 
 
+def _space_hook(p, name: str):
+    """The op's own ``name`` function if its space module has one (by the problem's module)."""
+    import sys
+
+    return getattr(sys.modules.get(type(p).__module__), name, None)
+
+
 def specialisation(p: Problem) -> tuple:
     """What Triton specialises on (besides constexprs): divisibility of N, K and strides,
     including the row stride ceil(K/128) of the block-scaled op's scale tensors (K = 7168 and
-    K = 18432 agree on everything else, but 56 and 144 differ in divisibility by 16)."""
+    K = 18432 agree on everything else, but 56 and 144 differ in divisibility by 16). An op's
+    space module may define its own ``specialisation``."""
+    hook = _space_hook(p, "specialisation")
+    if hook is not None:
+        return hook(p)
     return (p.dtype, p.n % 16 == 0, p.n % 8, p.k % 16 == 0, p.k % 8,
             p.k % 64 == 0, p.k % 128 == 0, p.k % 256 == 0, -(-p.k // 128) % 16 == 0)
 
 
 def probe(p: Problem) -> Problem:
     """Tiny problem compiling to the same kernels as p (M is never specialised on; a launch
-    does not check feasibility, so a config tied to another M compiles here too)."""
+    does not check feasibility, so a config tied to another M compiles here too). An op's space
+    module may define its own ``probe_problem``."""
+    hook = _space_hook(p, "probe_problem")
+    if hook is not None:
+        return hook(p)
     return type(p)(3, 16 + p.n % 16, p.k, p.dtype)
 
 
-def _worker(args: tuple[str, list[tuple[str, int, int, int, str]]]) -> int:
+def _fields(p) -> dict:
+    from dataclasses import fields
+
+    return {f.name: getattr(p, f.name) for f in fields(p)}
+
+
+def _worker(args: tuple[str, list[tuple[str, dict]]]) -> int:
     import torch
 
     op, tasks = args
@@ -43,8 +64,8 @@ def _worker(args: tuple[str, list[tuple[str, int, int, int, str]]]) -> int:
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
     cache = {}
-    for cid, m, n, k, dtype in tasks:
-        prob = spec.problem(m=m, n=n, k=k, dtype=dtype)
+    for cid, fields in tasks:
+        prob = spec.problem_of(fields)
         if prob not in cache:
             cache[prob] = impl.make_operands(prob, "cuda", gen)
         try:
@@ -67,7 +88,7 @@ def plan(problems_and_configs: Iterable[tuple[Problem, list]]) -> list[tuple]:
             if isinstance(c, VendorConfig) or (c.id, sig) in seen:
                 continue
             seen.add((c.id, sig))
-            tasks.append((c.id, pr.m, pr.n, pr.k, pr.dtype))
+            tasks.append((c.id, _fields(pr)))
     return tasks
 
 

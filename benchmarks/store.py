@@ -38,10 +38,12 @@ def row_is_out_of_memory(row: dict) -> bool:
 
 
 def row_key(row: dict) -> tuple:
-    """Identity of a measurement: (op, dtype, m, n, k, e, top_k, candidate). Rows of sweeps
-    before the op registry carry no op, E or top_k: dense GEMM rows (gemm, E = 1, top_k = 1)."""
+    """Identity of a measurement: (op, dtype, m, n, k, e, top_k, candidate, stage, routing). Rows of
+    sweeps before the op registry carry no op, E or top_k: dense GEMM rows (gemm, E = 1, top_k = 1);
+    rows of one-stage ops carry no stage or routing ('')."""
     return (row.get("op", "gemm"), row["dtype"], int(row["m"]), int(row["n"]), int(row["k"]),
-            int(row.get("e", 1)), int(row.get("top_k", 1)), row["candidate"])
+            int(row.get("e", 1)), int(row.get("top_k", 1)), row["candidate"], row.get("stage", ""),
+            row.get("routing", ""))
 
 
 class ResultStore:
@@ -132,7 +134,9 @@ class ResultStore:
             k = marker["key"]
             if len(k) == 5:  # (dtype, m, n, k, candidate): a dense GEMM before the op registry
                 k = ["gemm", *k[:4], 1, 1, k[4]]
-            key = (k[0], k[1], int(k[2]), int(k[3]), int(k[4]), int(k[5]), int(k[6]), k[7])
+            if len(k) == 8:  # before stages and routings: a one-stage op
+                k = [*k, "", ""]
+            key = (k[0], k[1], int(k[2]), int(k[3]), int(k[4]), int(k[5]), int(k[6]), k[7], k[8], k[9])
             deaths = int(marker.get("deaths", 0)) + 1
         except (ValueError, IndexError, TypeError, KeyError, AttributeError):
             return None

@@ -78,7 +78,7 @@ def cmd_bench(args) -> int:
                 spec = registry.get(args.op)
                 todo = []
                 for s in mine:
-                    p = spec.problem(m=s.m, n=s.n, k=s.k, dtype=s.dtype)
+                    p = harness.shape_problem(spec, s)
                     todo.append((p, harness.select_candidates(p, args.mode, args.seed, args.arch, args.op)))
                 precompile.precompile(todo, workers=args.workers, log=lambda m: print(m, file=sys.stderr),
                                       op=args.op)

@@ -59,6 +59,9 @@ class OpSpec:
     baselines: str = ""
     # TrainConfig defaults of this op's models (the command line overrides them).
     train_defaults: dict = field(default_factory=dict)
+    # A numpy-only module of the op's own features (appended to the shared ones; see
+    # serving.features.op_features), '' for none.
+    features: str = ""
 
     # -- the space (torch-free) ---------------------------------------------------------
     def space_module(self) -> ModuleType:
@@ -70,6 +73,20 @@ class OpSpec:
         self.check_fixed(fields)
         kw = {k: v for k, v in fields.items() if k not in self.fixed}
         return self.space_module().Problem(**kw)
+
+    def problem_of(self, row) -> object:
+        """The op's Problem from a row-like mapping (dataset row, harness shape fields): only the
+        op's ``problem_fields`` are read; the fixed ones are checked."""
+        self.check_fixed({f: row[f] for f in self.fixed if f in row})
+        kw = {}
+        for f in self.problem_fields:
+            v = row[f]
+            kw[f] = v if isinstance(v, str) else int(v)
+        return self.space_module().Problem(**kw)
+
+    def extra_problem_fields(self) -> tuple[str, ...]:
+        """Problem fields beyond (m, n, k, dtype, e, top_k): e.g. the MoE op's stage and routing."""
+        return tuple(f for f in self.problem_fields if f not in ("m", "n", "k", "dtype", "e", "top_k"))
 
     def check_fixed(self, fields: dict) -> None:
         """ValueError naming the first field that differs from the value the op pins."""
@@ -115,6 +132,9 @@ class OpSpec:
     def impl_module(self) -> ModuleType:
         return importlib.import_module(self.impl)
 
+    def features_module(self) -> ModuleType | None:
+        return importlib.import_module(self.features) if self.features else None
+
 
 # One line per op.
 REGISTRY: dict[str, OpSpec] = {
@@ -142,6 +162,25 @@ REGISTRY: dict[str, OpSpec] = {
         # of a training shape's best dropped the best config of held-out shapes (leave-family-out
         # geomean 1.035 with it, 1.029 without; models/report/fp8_blockscale/).
         train_defaults={"shortlist_tol": 0.0}),
+    # Fused MoE layer (vLLM's fused_experts): two stages (gate_up, down), each a grouped GEMM with
+    # its own config; the routing (expert histogram) is part of the problem. Vendor: torch._grouped_mm.
+    "moe": OpSpec(
+        name="moe", dtypes=("bf16", "fp8"),
+        space="gemm_costmodel.kernels.moe.space", impl="gemm_costmodel.kernels.moe.impl",
+        problem_fields=("m", "n", "k", "dtype", "e", "top_k", "stage", "routing"), vendor_ids=("grouped_mm",),
+        default_config="moe_m16n64k128_g1_w4s4", fallback="gemm_costmodel.kernels.moe.space:choose",
+        split_key=("e", "n", "k"),
+        suites={"train": "gemm_costmodel.kernels.moe.suites:training_suite",
+                "eval": "gemm_costmodel.kernels.moe.suites:eval_suite",
+                "vllm": "gemm_costmodel.kernels.moe.suites:vllm_suite",
+                "gate": "gemm_costmodel.kernels.moe.suites:gate_suite"},
+        extra_features=("stage_down", "log2_tpe_mean", "log2_tpe_max", "active_fraction", "imbalance",
+                        "tiles_real", "pad_real", "log2_programs_real", "waves_real", "wave_efficiency_real",
+                        "log2_grid_programs", "log2_t_weights_us", "log2_t_traffic_real_us",
+                        "log2_t_waves_real_us"),
+        baselines="gemm_costmodel.kernels.moe.baselines:scores",
+        train_defaults={"shortlist_tol": 0.0},
+        features="gemm_costmodel.kernels.moe.features"),
 }
 DEFAULT_OP = "gemm"
 

@@ -441,7 +441,7 @@ def test_store_ignores_duplicate_append(tmp_path):
     with ResultStore(path) as store:
         store.append(row)
         store.append(dict(row, p50_us=2.0))
-        assert store.keys == {("gemm", "fp16", 1, 2, 3, 1, 1, "cublas")}  # rows without op: dense GEMM
+        assert store.keys == {("gemm", "fp16", 1, 2, 3, 1, 1, "cublas", "", "")}  # rows without op: dense GEMM
     with ResultStore(path) as store:
         store.append(row)
     assert rows_of(path) == [row]
@@ -572,7 +572,7 @@ def test_store_non_object_json_line_is_treated_as_corrupt(tmp_path):
     later = dict(good, k=4)
     path.write_text(json.dumps(good) + "\n[1,2]\n" + json.dumps(later) + "\n")
     with ResultStore(path) as store:
-        assert store.keys == {("gemm", "fp16", 1, 2, 3, 1, 1, "cublas")}
+        assert store.keys == {("gemm", "fp16", 1, 2, 3, 1, 1, "cublas", "", "")}
     assert rows_of(path) == [good]
 
 

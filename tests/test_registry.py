@@ -18,7 +18,10 @@ ARCHS = ("sm90", "sm80")
 
 
 def _problem(spec, m, n, k, dtype):
-    return spec.problem(**{f: v for f, v in dict(m=m, n=n, k=k, dtype=dtype).items() if f in spec.problem_fields})
+    fields = dict(m=m, n=n, k=k, dtype=dtype)
+    if "stage" in spec.problem_fields:  # MoE: 4 experts, top-2; gate_up needs an even N (gate and up)
+        fields.update(e=4, top_k=2, stage="gate_up" if n % 2 == 0 else "down", routing="zipf")
+    return spec.problem(**{f: v for f, v in fields.items() if f in spec.problem_fields})
 
 
 @pytest.mark.parametrize("op, dtype", CASES)
@@ -30,8 +33,10 @@ def test_config_ids_round_trip_and_are_unique(op, dtype, arch):
     assert len(ids) == len(set(ids)) and len(ids) > 0
     assert all(spec.config_from_id(cid) == c for cid, c in zip(ids, cfgs))
     # The vendor candidate exists where the vendor library has the op: dense GEMM for every
-    # dtype but fp32; block-scaled fp8 only on sm90 (cuBLASLt's blockwise scaling).
-    vendor_expected = dtype != "fp32" if op == "gemm" else (arch == "sm90" and dtype == "fp8")
+    # dtype but fp32; block-scaled fp8 only on sm90 (cuBLASLt's blockwise scaling); MoE only bf16
+    # on sm90 (torch._grouped_mm).
+    vendor_expected = {"gemm": dtype != "fp32", "fp8_blockscale": arch == "sm90" and dtype == "fp8",
+                       "moe": arch == "sm90" and dtype == "bf16"}[op]
     for vid in spec.vendor_ids:
         assert (vid in ids) == vendor_expected
     assert spec.default_config in ids
@@ -68,8 +73,8 @@ def test_space_and_registry_import_no_torch(op):
 
 
 def test_unknown_op_is_a_value_error_listing_the_known_ones():
-    with pytest.raises(ValueError, match=r"unknown op 'moe'; known ops: (.*, )?gemm(, |$)"):
-        registry.get("moe")
+    with pytest.raises(ValueError, match=r"unknown op 'no_such_op'; known ops: (.*, )?gemm(, |$)"):
+        registry.get("no_such_op")
 
 
 def test_dense_op_pins_experts():

@@ -33,6 +33,10 @@ SCHEMA: dict[str, tuple[str, str]] = {
     "k": ("int", "reduction dim"),
     "e": ("int", "experts (1 for dense)"),
     "top_k": ("int", "experts per token (1 for dense)"),
+    "stage": ("str", "the op's stage ('' for one-stage ops; moe: gate_up or down)"),
+    "routing": ("str", "routing id of an MoE problem (kernels/moe/routing.py; '' for dense)"),
+    "tpe_max": ("int", "tokens of the busiest expert (MoE; 0 = n/a)"),
+    "active_experts": ("int", "experts with at least one token (MoE; 0 = n/a)"),
     "dtype": ("str", "input dtype: bf16, fp16, fp8 (e4m3, bf16 out), fp32"),
     "candidate": ("str", "config id (kernels/gemm_configs.py) or 'cublas'"),
     "variant": ("str", "tiled, splitk, persistent, vendor (or the foreign kernel family)"),
@@ -70,20 +74,21 @@ SCHEMA: dict[str, tuple[str, str]] = {
     "seed": ("int", "sweep seed (inputs and candidate sampling)"),
     "suite": ("str", "name of the sweep that measured the row"),
 }
-OPTIONAL_DEFAULTS = {"op": "gemm", "e": 1, "top_k": 1, "source": "harness", "family": "user", "origins": "",
+OPTIONAL_DEFAULTS = {"op": "gemm", "e": 1, "top_k": 1, "stage": "", "routing": "", "tpe_max": 0,
+                     "active_experts": 0, "source": "harness", "family": "user", "origins": "",
                      "rel_err": float("nan"), "error": "", "n_samples": 0, "n_inner": 0, "n_copies": 0,
                      "l2_policy": "", "seed": 0, "suite": ""}
 # Two GPUs of one arch (H100, H200: both sm90) are different machines to the cost
 # model, so their measurements are never merged.
-KEY = ["arch", "gpu_name", "op", "dtype", "m", "n", "k", "e", "top_k", "candidate"]
-SHAPE_KEY = ["arch", "gpu_name", "op", "dtype", "m", "n", "k", "e", "top_k"]
+SHAPE_KEY = ["arch", "gpu_name", "op", "dtype", "m", "n", "k", "e", "top_k", "stage", "routing"]
+KEY = SHAPE_KEY + ["candidate"]
 MAX_FILE_BYTES = 50 * 2**20
 # Config parameters (0 = n/a). A Triton candidate always has a tile, warps and stages;
 # group_m and split_k are per variant (see kernels/gemm_configs.config_params).
 PARAM_COLS = ("block_m", "block_n", "block_k", "group_m", "split_k", "num_warps", "num_stages")
 TRITON_REQUIRED = ("block_m", "block_n", "block_k", "num_warps", "num_stages")
 # Counts where 0 means unknown or n/a and a negative value means a broken writer.
-COUNT_COLS = PARAM_COLS + ("sm_count", "n_samples", "n_inner", "n_copies")
+COUNT_COLS = PARAM_COLS + ("sm_count", "n_samples", "n_inner", "n_copies", "tpe_max", "active_experts")
 
 
 def schema_hash() -> str:
@@ -290,7 +295,7 @@ def merge_duplicates(df: pd.DataFrame) -> pd.DataFrame:
 def typed(df: pd.DataFrame) -> pd.DataFrame:
     """Categoricals for the low-cardinality string columns."""
     df = df.copy()
-    for col in ("op", "dtype", "variant", "status", "source", "arch", "gpu_name", "family"):
+    for col in ("op", "dtype", "variant", "status", "source", "arch", "gpu_name", "family", "stage", "routing"):
         df[col] = df[col].astype("category")
     return df
 
@@ -320,7 +325,9 @@ def unresolved_oom(df: pd.DataFrame) -> pd.Series:
     oom = is_oom(df)
     if not oom.any():
         return oom
-    redone = (~oom).groupby([df[c] for c in KEY + ["suite"]], sort=False, observed=True).transform("any")
+    # Frames of raw rows may lack the later key columns (stage, routing: one-stage ops).
+    redone = (~oom).groupby([df[c] for c in KEY + ["suite"] if c in df.columns], sort=False,
+                            observed=True).transform("any")
     return oom & ~redone
 
 
@@ -347,7 +354,7 @@ def demote_oom_eval_shapes(df: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple]]
     oom = unresolved_oom(df)
     if not oom.any():
         return df, []
-    keys = SHAPE_KEY + ["suite"]
+    keys = [c for c in SHAPE_KEY + ["suite"] if c in df.columns]
     hit = oom.groupby([df[c] for c in keys], sort=False, observed=True).transform("any").to_numpy()
     sel = hit & df["eval_shape"].astype(bool).to_numpy()
     if not sel.any():
@@ -373,19 +380,21 @@ def demote_incomplete_eval_shapes(df: pd.DataFrame) -> tuple[pd.DataFrame, list[
            & (df["source"] == "harness"))
     if not sel.any():
         return df, []
-    keys = ["op", "arch", "gpu_name", "dtype", "m", "n", "k", "e", "top_k"]
-    demoted = []
-    for (op, arch, gpu, dtype, m, n, k, e, top_k), present in df[sel].groupby(keys, observed=True)["candidate"]:
-        spec = registry.get(str(op))
+    keys = ["op", "arch", "gpu_name", "dtype", "m", "n", "k", "e", "top_k", "stage", "routing"]
+    demoted, demoted_keys = [], []
+    for key, present in df[sel].groupby(keys, observed=True)["candidate"]:
+        row = dict(zip(keys, key))
+        spec = registry.get(str(row["op"]))
         try:
-            problem = spec.problem(m=int(m), n=int(n), k=int(k), dtype=str(dtype), e=int(e), top_k=int(top_k))
-            expected = {c.id for c in spec.feasible_configs(problem, str(arch))}
+            problem = spec.problem_of(row)
+            expected = {c.id for c in spec.feasible_configs(problem, str(row["arch"]))}
         except (KeyError, ValueError):
             continue  # an arch or dtype without a generated space: nothing to compare with
         if not expected <= set(present):
-            demoted.append((gpu, dtype, int(m), int(n), int(k)))
+            demoted.append((row["gpu_name"], row["dtype"], int(row["m"]), int(row["n"]), int(row["k"])))
+            demoted_keys.append(tuple(str(v) for v in key))
     if demoted:
-        bad = pd.MultiIndex.from_frame(df[["gpu_name", "dtype", "m", "n", "k"]]).isin(demoted)
+        bad = pd.MultiIndex.from_frame(df[keys].astype(str)).isin(demoted_keys)
         df = df.copy()
         df.loc[sel.to_numpy() & bad, "eval_shape"] = False
     return df, demoted

@@ -16,7 +16,7 @@ CONFIG_FAILURES = ("compile_error", "out_of_resources", "unsupported")
 STATUS_ORDER = ("ok", "wrong", "compile_error", "out_of_resources", "out_of_memory", "crash", "unsupported")
 WARN_FRACTION = 0.01
 # Shape columns, in label order; raw harness rows lack some of them (op, e, top_k).
-_SHAPE_COLS = ("arch", "gpu_name", "op", "dtype", "m", "n", "k", "e", "top_k")
+_SHAPE_COLS = ("arch", "gpu_name", "op", "dtype", "m", "n", "k", "e", "top_k", "stage", "routing")
 
 
 def mislabelled_oom(rows: pd.DataFrame) -> pd.Series:
@@ -49,6 +49,9 @@ def _label(key: dict) -> str:
     text = f"{key.get('dtype', '?')}:{key.get('m', '?')}x{key.get('n', '?')}x{key.get('k', '?')}"
     if str(key.get("op", "gemm")) != "gemm":
         text = f"{key['op']} {text} E={key.get('e', '?')} top_k={key.get('top_k', '?')}"
+        for extra in ("stage", "routing"):
+            if key.get(extra):
+                text += f" {extra}={key[extra]}"
     if "gpu_name" in key:
         text += f" on {key['gpu_name']}"
     return text

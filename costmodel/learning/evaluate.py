@@ -18,7 +18,7 @@ import pandas as pd
 from gemm_costmodel.serving import features as F
 from gemm_costmodel.serving import hardware
 from gemm_costmodel import registry
-from gemm_costmodel.learning.model import SHAPE_COLS, CostModel, TrainConfig, training_rows
+from gemm_costmodel.learning.model import SHAPE_COLS, CostModel, TrainConfig, shape_cols, training_rows  # noqa: F401
 from gemm_costmodel.util import geomean  # noqa: F401 - geomean is part of this API
 
 TOPK = (1, 2, 4, 8)
@@ -30,7 +30,7 @@ METHODS = ("model", "oracle", "cublas", "default", "vllm_tuned", "hand_heuristic
 def eval_rows(df: pd.DataFrame) -> pd.DataFrame:
     """ok rows of evaluation shapes, with a shape id column ``sid``."""
     ev = df[df["eval_shape"].astype(bool) & (df["status"] == "ok") & df["p50_us"].notna()].copy()
-    ev["sid"] = pd.MultiIndex.from_frame(ev[SHAPE_COLS].astype(str)).factorize()[0]
+    ev["sid"] = pd.MultiIndex.from_frame(ev[shape_cols(ev)].astype(str)).factorize()[0]
     return ev.reset_index(drop=True)
 
 
@@ -164,7 +164,7 @@ def static_ranking(train_ev: pd.DataFrame) -> pd.Series:
 def nn_table(train: pd.DataFrame) -> pd.DataFrame:
     """Tuned table from training shapes: the fastest measured candidate per shape."""
     ok = training_rows(train, stable_only=False)
-    idx = ok.groupby(SHAPE_COLS, observed=True)["p50_us"].idxmin()
+    idx = ok.groupby(shape_cols(ok), observed=True)["p50_us"].idxmin()
     return ok.loc[idx, ["gpu_name", "dtype", "m", "n", "k", "candidate"]].reset_index(drop=True)
 
 

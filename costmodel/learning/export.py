@@ -39,12 +39,13 @@ def as_regressor(booster):
     return out
 
 
-def to_onnx(booster, n_features: int = len(F.FEATURE_NAMES)):
+def to_onnx(booster, n_features: int | None = None):
     """The booster as an ONNX ModelProto with one float32 input of n_features columns."""
     from onnxmltools.convert import convert_xgboost
     from onnxmltools.convert.common.data_types import FloatTensorType
 
     reg = as_regressor(booster)
+    n_features = n_features or booster.num_features()
     return convert_xgboost(reg, initial_types=[(INPUT_NAME, FloatTensorType([None, n_features]))],
                            target_opset=TARGET_OPSET)
 
@@ -89,7 +90,7 @@ def export(model, out_dir: str, op: str, dtypes: list[str], arch: str, space_has
         raise ValueError("a latency companion must be a log_latency model")
     os.makedirs(out_dir, exist_ok=True)
     stem = os.path.join(out_dir, model_name(op, arch, role))
-    data = to_onnx(model.booster_).SerializeToString()
+    data = to_onnx(model.booster_, len(F.feature_names(op))).SerializeToString()
     with open(stem + ".onnx", "wb") as fh:
         fh.write(data)
     manifest = {
@@ -100,7 +101,7 @@ def export(model, out_dir: str, op: str, dtypes: list[str], arch: str, space_has
         "predicts_log2_latency_us": model.config.formulation == "log_latency",
         "input_name": INPUT_NAME,
         "feature_schema_hash": F.schema_hash(op),
-        "feature_names": list(F.FEATURE_NAMES),
+        "feature_names": list(F.feature_names(op)),
         "config_space_hash": dict(space_hashes),
         "training_data_hash": training_data_hash,
         "training_rows": model.n_rows_, "training_shapes": model.n_shapes_,

@@ -20,7 +20,7 @@ from gemm_costmodel.serving import features as F
 from gemm_costmodel.serving import hardware
 
 FORMULATIONS = ("log_latency", "normalized", "rank")
-SHAPE_COLS = ["gpu_name", "op", "dtype", "m", "n", "k", "e", "top_k"]
+SHAPE_COLS = ["gpu_name", "op", "dtype", "m", "n", "k", "e", "top_k", "stage", "routing"]
 # Grade step of the ranking labels: candidates within 3% of each other share a grade.
 RANK_STEP = 1.03
 RANK_GRADES = 30
@@ -88,11 +88,16 @@ def training_rows(df, stable_only: bool = True):
     return df[keep]
 
 
+def shape_cols(df) -> list[str]:
+    """The SHAPE_COLS a frame has: frames of one-stage ops may lack stage and routing."""
+    return [c for c in SHAPE_COLS if c in df.columns]
+
+
 def shape_ids(df) -> np.ndarray:
     """An integer id per distinct shape (SHAPE_COLS), in order of first appearance."""
     import pandas as pd
 
-    return pd.MultiIndex.from_frame(df[SHAPE_COLS].astype(str)).factorize()[0]
+    return pd.MultiIndex.from_frame(df[shape_cols(df)].astype(str)).factorize()[0]
 
 
 def slowdowns(df) -> np.ndarray:
@@ -148,12 +153,12 @@ class CostModel:
         self.booster_ = xgb.train(self.config.xgb_params(), dm, num_boost_round=self.config.n_estimators,
                                   callbacks=callbacks)
         self.shortlist_ = self._shortlist(training_rows(df, stable_only=False))
-        self.feature_names_ = F.FEATURE_NAMES
         # The op's schema (one op per model; rows without an op column are dense GEMM rows).
         ops = sorted(df["op"].astype(str).unique()) if "op" in df.columns else ["gemm"]
         if len(ops) != 1:
             raise ValueError(f"one op per model, got rows of {', '.join(ops)}")
         self.op_ = ops[0]
+        self.feature_names_ = F.feature_names(self.op_)
         self.schema_hash_ = F.schema_hash(self.op_)
         self.n_rows_ = int(len(rows))
         self.n_shapes_ = int(len(np.unique(shape_ids(rows))))

@@ -1,5 +1,8 @@
 """Export the dispatcher's picks as vLLM tuned-config files (``costmodel export-vllm``).
 
+Two ops: vLLM's w8a8 block-fp8 linear (``fp8_blockscale``, below) and its fused MoE layer
+(``moe``, ``export_moe``: see "The fused-MoE files" further down).
+
 vLLM's w8a8 block-fp8 linear (op ``fp8_blockscale``) looks up, per (N, K) and GPU, a JSON
 file ``N={N},K={K},device_name={gpu},dtype=fp8_w8a8,block_shape=[128,128].json`` whose body
 maps token counts M to its Triton kernel's launch config ({BLOCK_SIZE_M, BLOCK_SIZE_N,
@@ -26,7 +29,7 @@ from dataclasses import dataclass, field
 from gemm_costmodel import registry
 
 # The ops whose kernel vLLM runs from such files.
-SUPPORTED_OPS = ("fp8_blockscale",)
+SUPPORTED_OPS = ("fp8_blockscale", "moe")
 
 # vLLM's M grid: the keys of every w8a8 block-fp8 file tuned for NVIDIA_H100_80GB_HBM3 (and
 # NVIDIA_H200) in vLLM 0.33.0 (model_executor/layers/quantization/utils/configs/; copies in
@@ -88,8 +91,8 @@ def parse_nk(text: str) -> tuple[int, int]:
 def check_op(op: str) -> None:
     """ValueError unless vLLM runs op's kernel from tuned files."""
     if op not in SUPPORTED_OPS:
-        raise ValueError(f"export-vllm supports --op {', '.join(SUPPORTED_OPS)} (vLLM's w8a8 block-fp8 linear); "
-                         f"got {op!r}")
+        raise ValueError(f"export-vllm supports --op {', '.join(SUPPORTED_OPS)} (vLLM's w8a8 block-fp8 linear and "
+                         f"its fused MoE); got {op!r}")
 
 
 @dataclass
@@ -160,17 +163,19 @@ def write_table(table: VllmTable, out_dir: str) -> str:
     return path
 
 
-def _model_identity(d) -> dict:
+def _model_identity(d, dtype: str = DISPATCH_DTYPE) -> dict:
     """The model file that ranked (its name and the manifest's sha256), or nulls without one."""
-    model = d.model_for(DISPATCH_DTYPE) if d.space_arch is not None else None
+    model_for = getattr(d, "model_for", None)
+    model = model_for(dtype) if d.space_arch is not None and model_for is not None else None
     if model is None:
         return {"model": None, "model_sha256": None}
     return {"model": os.path.basename(model.path), "model_sha256": model.manifest.get("onnx_sha256")}
 
 
-def write_sidecar(tables: list[VllmTable], d, out_dir: str) -> str:
+def write_sidecar(tables: list, d, out_dir: str) -> str:
     """Record per file and M the config id and its source in ``SIDECAR`` (merged with the
-    entries of earlier exports into the same folder); returns its path."""
+    entries of earlier exports into the same folder); returns its path. Tables are VllmTable
+    (fp8_blockscale) or MoeVllmTable (moe: ``record``)."""
     path = os.path.join(out_dir, SIDECAR)
     files = {}
     try:
@@ -180,8 +185,12 @@ def write_sidecar(tables: list[VllmTable], d, out_dir: str) -> str:
             files = old["files"]
     except (OSError, ValueError):  # none yet, or unreadable: start afresh
         pass
-    ident = _model_identity(d)
+    ident = None
     for t in tables:
+        if isinstance(t, MoeVllmTable):
+            files[t.file_name] = t.record(d)
+            continue
+        ident = ident if ident is not None else _model_identity(d)
         files[t.file_name] = {"op": d.op, "gpu_name": t.gpu_name, "n": t.n, "k": t.k, **ident,
                               "counts": t.counts(),
                               "m": {str(m): {"candidate": cid, "source": src} for m, (cid, src) in t.picks.items()}}
@@ -193,10 +202,14 @@ def write_sidecar(tables: list[VllmTable], d, out_dir: str) -> str:
     return path
 
 
-def summary_line(path: str, table: VllmTable) -> str:
+def summary_line(path: str, table) -> str:
     c = table.counts()
-    return (f"{path}: {len(table.entries)} M keys: {c[SOURCE_MODEL]} from the model, {c[SOURCE_RULE]} from the "
+    line = (f"{path}: {len(table.entries)} M keys: {c[SOURCE_MODEL]} from the model, {c[SOURCE_RULE]} from the "
             f"fallback rule, {c[SOURCE_DEFAULT]} vLLM's default (no tiled config ranked)")
+    if isinstance(table, MoeVllmTable):
+        line += (f"; one config per M for both GEMMs (gate_up {2 * table.n}x{table.hidden}, down "
+                 f"{table.hidden}x{table.n}; hidden {table.hidden}, top_k {table.top_k}, routing {MOE_ROUTING})")
+    return line
 
 
 def export(nk_pairs, out_dir: str, gpu_name: str = DEFAULT_GPU, models_dir: str | None = None,
@@ -209,6 +222,9 @@ def export(nk_pairs, out_dir: str, gpu_name: str = DEFAULT_GPU, models_dir: str 
     from gemm_costmodel.serving.runtime import Dispatcher
 
     check_op(op)
+    if op == "moe":
+        raise ValueError("export-vllm --op moe writes fused-MoE files from --moe E,N,K,TOPK (experts, intermediate "
+                         "size N, hidden size K, experts per token), not --nk (export_moe)")
     if models_dir is not None and not os.path.isdir(models_dir):
         raise ValueError(f"--models {models_dir}: no such directory")
     pairs = list(dict.fromkeys((int(n), int(k)) for n, k in nk_pairs))
@@ -220,6 +236,247 @@ def export(nk_pairs, out_dir: str, gpu_name: str = DEFAULT_GPU, models_dir: str 
         raise ValueError(f"GPU {gpu_name!r} ({d.arch or 'arch unknown'}) has no {op} candidate space (spaces exist "
                          f"for {archs}): every entry would be vLLM's default")
     tables = [build_table(d, n, k, ms) for n, k in pairs]
+    out = [(write_table(t, out_dir), t) for t in tables]
+    write_sidecar(tables, d, out_dir)
+    return out
+
+
+# -- The fused-MoE files (op ``moe``) -------------------------------------------------------
+#
+# vLLM's fused_experts looks up, per (E, N) and GPU, ``E={E},N={N},device_name={gpu}.json``
+# (bf16 and fp16: no dtype part; fp8 w8a8 with per-tensor scales: ``,dtype=fp8_w8a8``), where E
+# is the rank's number of experts and N the per-shard intermediate size I (w2 is (E, hidden, N));
+# the body maps M to the same six keys, and an M missing from the file takes the nearest key.
+# vLLM runs ONE config per M for both grouped GEMMs of the layer (gate_up: (M * top_k) x 2N x
+# hidden, down: (M * top_k) x hidden x N), so per M the file holds the tiled config that
+# minimises the dispatcher's predicted gate_up + down time. vLLM's file name carries neither the
+# hidden size nor top_k: the user gives both (and they are recorded in the sidecar); routing is
+# assumed balanced. Where the rankings carry no latencies (a rank model without its latency
+# companion, or the fallback rule), the config with the least sum of its positions in the two
+# rankings is taken (ties: the gate_up ranking's order). Where neither ranking holds a tiled
+# config, vLLM's default for (M, E).
+
+MOE_DTYPE_TAGS = {"bf16": None, "fp16": None, "fp8": "fp8_w8a8"}
+MOE_ROUTING = "balanced"
+# Any vLLM fused-MoE file name (the tuned files' folder also holds int8/fp8 block-scaled ones);
+# an exported name has no block_shape and a dtype part only for fp8.
+MOE_FILE_NAME_RE = re.compile(r"^E=(?P<e>\d+),N=(?P<n>\d+),device_name=(?P<device>[^,/\\ ]+)"
+                              r"(?:,dtype=(?P<dtype>[A-Za-z0-9_]+))?(?:,block_shape=\[(?P<block>\d+,\s?\d+)\])?\.json$")
+# How the pick of an M was combined over the two stages.
+COMBINE_LATENCY, COMBINE_RANK, COMBINE_NONE = "latency", "rank", "none"
+
+_MOE_SPEC_RE = re.compile(r"^\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*$")
+
+
+def _moe_space():
+    from gemm_costmodel.kernels.moe import space
+
+    return space
+
+
+def moe_file_name(e: int, n: int, gpu_name: str, dtype: str = "bf16") -> str:
+    """vLLM's file name of the (E, N = intermediate size) fused-MoE table for this GPU and dtype."""
+    if dtype not in MOE_DTYPE_TAGS:
+        raise ValueError(f"vLLM's fused-MoE files exist for dtypes {', '.join(MOE_DTYPE_TAGS)}, got {dtype!r}")
+    tag = MOE_DTYPE_TAGS[dtype]
+    return f"E={e},N={n},device_name={device_name(gpu_name)}" + (f",dtype={tag}" if tag else "") + ".json"
+
+
+@dataclass(frozen=True)
+class MoeSpec:
+    """One MoE layer to export: E experts (per rank), intermediate size N = I (per shard), hidden
+    size K, top_k experts per token."""
+
+    e: int
+    n: int
+    hidden: int
+    top_k: int
+
+    def __post_init__(self):
+        for name in ("e", "n", "hidden", "top_k"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if self.top_k > self.e:
+            raise ValueError(f"top_k ({self.top_k}) must be <= E ({self.e})")
+        if self.e > _moe_space().MAX_EXPERTS:
+            raise ValueError(f"E must be <= {_moe_space().MAX_EXPERTS}, got {self.e}")
+
+
+def parse_moe_spec(text: str) -> MoeSpec:
+    """'E,N,K,TOPK' -> MoeSpec; ValueError saying the expected form."""
+    m = _MOE_SPEC_RE.match(text) if isinstance(text, str) else None
+    if not m:
+        raise ValueError(f"--moe {text!r}: expected E,N,K,TOPK with positive integers (experts, intermediate size N "
+                         "as in vLLM's file name, hidden size K, experts per token), e.g. --moe 8,7168,4096,2")
+    try:
+        return MoeSpec(*(int(g) for g in m.groups()))
+    except ValueError as exc:
+        raise ValueError(f"--moe {text!r}: {exc}") from None
+
+
+@dataclass
+class MoeVllmTable:
+    """One vLLM fused-MoE file: the layer, dtype and GPU, the JSON body, and per M the config id,
+    its source, how the stages were combined and the predicted stage times (us, or None)."""
+
+    spec: MoeSpec
+    dtype: str
+    gpu_name: str
+    entries: dict[str, dict] = field(default_factory=dict)
+    picks: dict[int, tuple[str, str]] = field(default_factory=dict)
+    details: dict[int, dict] = field(default_factory=dict)
+
+    @property
+    def e(self) -> int:
+        return self.spec.e
+
+    @property
+    def n(self) -> int:
+        return self.spec.n
+
+    @property
+    def hidden(self) -> int:
+        return self.spec.hidden
+
+    @property
+    def top_k(self) -> int:
+        return self.spec.top_k
+
+    @property
+    def file_name(self) -> str:
+        return moe_file_name(self.e, self.n, self.gpu_name, self.dtype)
+
+    def counts(self) -> dict[str, int]:
+        out = {SOURCE_MODEL: 0, SOURCE_RULE: 0, SOURCE_DEFAULT: 0}
+        for _, source in self.picks.values():
+            out[source] = out.get(source, 0) + 1
+        return out
+
+    def record(self, d) -> dict:
+        """The sidecar's record of this file."""
+        return {"op": "moe", "gpu_name": self.gpu_name, "dtype": self.dtype, "e": self.e, "n": self.n,
+                "hidden": self.hidden, "top_k": self.top_k, "routing": MOE_ROUTING,
+                "note": ("vLLM's file name holds E and N only: these configs were chosen for hidden size "
+                         f"{self.hidden} and top_k {self.top_k} (given by the user), balanced routing, one config "
+                         "per M for both GEMMs (per M, 'combine': 'latency' = least predicted gate_up + down "
+                         "time, 'rank' = least sum of the two ranking positions, 'none' = vLLM's default); vLLM "
+                         "applies the file to any layer with this E and N"),
+                **_model_identity(d, self.dtype), "counts": self.counts(),
+                "m": {str(m): {"candidate": cid, "source": src, **self.details.get(m, {})}
+                      for m, (cid, src) in self.picks.items()}}
+
+
+def _moe_rank(d, m: int, n: int, k: int, dtype: str, e: int, top_k: int, stage: str, count: int):
+    """d.rank for one stage, passing stage and routing where the dispatcher takes them."""
+    import inspect
+
+    kw = {"count": count, "e": e, "top_k": top_k}
+    try:
+        params = inspect.signature(d.rank).parameters
+    except (TypeError, ValueError):
+        params = {}
+    any_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    if any_kw or "stage" in params:
+        kw["stage"] = stage
+    if any_kw or "routing" in params:
+        kw["routing"] = MOE_ROUTING
+    return d.rank(m, n, k, dtype, **kw)
+
+
+def _moe_candidate_count(d, dtype: str) -> int:
+    if d.space_arch is None:
+        return 1
+    return max(len(_moe_space().generate_configs(d.space_arch, dtype)), 1)
+
+
+def moe_pick(d, m: int, spec: MoeSpec, dtype: str = "bf16", count: int | None = None):
+    """(tiled config, source, detail) for vLLM at M tokens on the layer ``spec``: the tiled config
+    (feasible for both stages) minimising the predicted gate_up + down time; without latencies on
+    both rankings, the least sum of ranking positions; else vLLM's default (source 'default').
+    detail: {"combine": latency|rank|none, "predicted_us": {"gate_up": .., "down": ..} or None}."""
+    S = _moe_space()
+    count = count or _moe_candidate_count(d, dtype)
+    stages = {"gate_up": (2 * spec.n, spec.hidden), "down": (spec.hidden, spec.n)}
+    ranked = {}
+    for stage, (n, k) in stages.items():
+        problem = S.Problem(m, n, k, dtype, spec.e, spec.top_k, stage, MOE_ROUTING)
+        seen = {}
+        for choice in _moe_rank(d, m, n, k, dtype, spec.e, spec.top_k, stage, count):
+            try:
+                cfg = S.config_from_id(choice.candidate)
+            except ValueError:  # not a config of this space: never exported
+                continue
+            if (isinstance(cfg, S.MoeTiledConfig) and cfg not in seen
+                    and S.check_feasible(cfg, problem, d.space_arch or "sm90")[0]):
+                seen[cfg] = (len(seen), choice)
+        ranked[stage] = seen
+    g, w = ranked["gate_up"], ranked["down"]
+    both = [c for c in g if c in w]
+    if both and all(g[c][1].predicted_us is not None and w[c][1].predicted_us is not None for c in both):
+        best = min(both, key=lambda c: (g[c][1].predicted_us + w[c][1].predicted_us, g[c][0]))
+        combine = COMBINE_LATENCY
+    elif g or w:
+        union = list(g) + [c for c in w if c not in g]
+        best = min(union, key=lambda c: (g.get(c, (len(g),))[0] + w.get(c, (len(w),))[0],
+                                         g.get(c, (len(g),))[0], c.id))
+        combine = COMBINE_RANK
+    else:
+        return S.vllm_default(m, spec.e, "fp8" if dtype == "fp8" else "bf16"), SOURCE_DEFAULT, \
+            {"combine": COMBINE_NONE, "predicted_us": None}
+    choice = (g.get(best) or w.get(best))[1]
+    pred = None
+    if best in g and best in w and g[best][1].predicted_us is not None and w[best][1].predicted_us is not None:
+        pred = {"gate_up": float(g[best][1].predicted_us), "down": float(w[best][1].predicted_us)}
+    return best, _SOURCES.get(choice.source, choice.source), {"combine": combine, "predicted_us": pred}
+
+
+def build_moe_table(d, spec: MoeSpec, dtype: str = "bf16", ms=VLLM_M_GRID) -> MoeVllmTable:
+    """The vLLM fused-MoE table of ``spec`` on d's GPU over the M grid ``ms`` (keys ascending)."""
+    S = _moe_space()
+    count = _moe_candidate_count(d, dtype)
+    table = MoeVllmTable(spec, dtype, d.gpu_name)
+    for m in sorted(int(v) for v in ms):
+        cfg, source, detail = moe_pick(d, m, spec, dtype, count)
+        table.entries[str(m)] = S.to_vllm(cfg)
+        table.picks[m] = (cfg.id, source)
+        table.details[m] = detail
+    return table
+
+
+def export_moe(specs, out_dir: str, gpu_name: str = DEFAULT_GPU, models_dir: str | None = None,
+               dtype: str = "bf16", ms=VLLM_M_GRID, dispatcher=None) -> list[tuple[str, MoeVllmTable]]:
+    """Write one vLLM fused-MoE file per layer spec (MoeSpec or (E, N, K, top_k)) into out_dir, and
+    the sidecar; returns [(path, table)]. ``dispatcher``: rank with this one instead of
+    ``Dispatcher(gpu_name, models_dir, op="moe")``.
+
+    ValueError: a dtype vLLM has no fused-MoE files for, a models_dir that is not a folder, no
+    spec, two specs for one file (same E, N: vLLM's name has no hidden size or top_k), or a GPU
+    without a moe candidate space."""
+    if dtype not in MOE_DTYPE_TAGS:
+        raise ValueError(f"--dtype {dtype!r}: vLLM's fused-MoE files exist for {', '.join(MOE_DTYPE_TAGS)}")
+    if models_dir is not None and not os.path.isdir(models_dir):
+        raise ValueError(f"--models {models_dir}: no such directory")
+    specs = [s if isinstance(s, MoeSpec) else MoeSpec(*(int(v) for v in s)) for s in specs]
+    specs = list(dict.fromkeys(specs))
+    if not specs:
+        raise ValueError("give at least one --moe E,N,K,TOPK")
+    names = {}
+    for s in specs:
+        other = names.setdefault((s.e, s.n), s)
+        if other != s:
+            raise ValueError(f"two layers for one vLLM file E={s.e},N={s.n} (hidden/top_k {other.hidden}/{other.top_k} "
+                             f"and {s.hidden}/{s.top_k}): vLLM's file name holds E and N only")
+    if dispatcher is None:
+        from gemm_costmodel.serving.runtime import Dispatcher
+
+        dispatcher = Dispatcher(gpu_name=gpu_name, models_dir=models_dir, op="moe")
+    d = dispatcher
+    if d.space_arch is None:
+        archs = ", ".join(sorted(_moe_space().ARCHS))
+        raise ValueError(f"GPU {d.gpu_name!r} ({getattr(d, 'arch', None) or 'arch unknown'}) has no moe candidate "
+                         f"space (spaces exist for {archs}): every entry would be vLLM's default")
+    tables = [build_moe_table(d, s, dtype, ms) for s in specs]
     out = [(write_table(t, out_dir), t) for t in tables]
     write_sidecar(tables, d, out_dir)
     return out

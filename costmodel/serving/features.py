@@ -174,18 +174,47 @@ def schema_hash(op: str = "gemm") -> str:
         from gemm_costmodel import registry
 
         payload.update(op=op, extra=list(registry.get(op).extra_features))
+        mod = op_features(op)
+        if mod is not None:
+            payload.update(inputs=list(mod.INPUTS), own=list(mod.NAMES))
     return hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:16]
 
 
-def compute(cols: Mapping[str, np.ndarray]) -> np.ndarray:
-    """Feature matrix (rows, len(FEATURE_NAMES)), float32, from the base columns."""
+def op_features(op: str = "gemm"):
+    """The op's own feature module (registry field ``features``: ``INPUTS``, ``NAMES``,
+    ``compute(ctx, inputs)``, ``frame_inputs(df)``, ``problem_inputs(...)``), or None."""
+    if op in _SHARED_HASH_OPS:
+        return None
+    from gemm_costmodel import registry
+
+    return registry.get(op).features_module()
+
+
+def feature_names(op: str = "gemm") -> tuple[str, ...]:
+    """The model's input columns for an op: the shared features, then the op's own."""
+    mod = op_features(op)
+    return FEATURE_NAMES + (tuple(mod.NAMES) if mod is not None else ())
+
+
+def compute(cols: Mapping[str, np.ndarray], op: str = "gemm") -> np.ndarray:
+    """Feature matrix (rows, len(feature_names(op))), float32, from the base columns (plus the
+    op's extra inputs, for an op with features of its own)."""
     missing = [c for c in BASE_COLUMNS if c not in cols]
     if missing:
         raise ValueError(f"missing base column {missing[0]!r}")
+    mod = op_features(op)
+    if mod is not None:
+        missing = [c for c in mod.INPUTS if c not in cols]
+        if missing:
+            raise ValueError(f"missing {op} input column {missing[0]!r}")
     ctx = _Ctx(cols)
-    out = np.empty((ctx.n_rows, len(REGISTRY)), dtype=np.float32)
+    extra = mod.compute(ctx, cols) if mod is not None else None
+    width = len(REGISTRY) + (extra.shape[1] if extra is not None else 0)
+    out = np.empty((ctx.n_rows, width), dtype=np.float32)
     for j, f in enumerate(REGISTRY):
         out[:, j] = f.fn(ctx)
+    if extra is not None:
+        out[:, len(REGISTRY):] = extra
     return out
 
 
@@ -202,8 +231,19 @@ def problem_columns(m: int, n: int, k: int, dtype: str, spec: GpuSpec, variant_c
             "variant_code": variant_code, **{p: params[p] for p in PARAMS}, **gpu_columns(spec, dtype)}
 
 
+def frame_op(df) -> str:
+    """The one op of a frame's rows ('gemm' without an op column); ValueError for several."""
+    if "op" not in df.columns or len(df) == 0:
+        return "gemm"
+    ops = sorted(df["op"].astype(str).unique())
+    if len(ops) != 1:
+        raise ValueError(f"one op per feature matrix, got rows of {', '.join(ops)}")
+    return ops[0]
+
+
 def from_frame(df, spec_for: Callable[[str], GpuSpec]) -> np.ndarray:
     """Features of a dataset frame (columns of gemm_costmodel.data.dataset.SCHEMA)."""
+    op = frame_op(df)
     cols = {c: df[c].to_numpy(dtype=np.float64) for c in ("m", "n", "k", "e", "top_k", *PARAMS)}
     dtypes = df["dtype"].astype(str).to_numpy()
     cols["dtype_code"] = np.array([DTYPE_CODES[d] for d in dtypes], dtype=np.float64)
@@ -214,4 +254,7 @@ def from_frame(df, spec_for: Callable[[str], GpuSpec]) -> np.ndarray:
         table[(g, d)] = gpu_columns(spec_for(g), d)
     for c in ("sm_count", "smem_per_sm_kb", "l2_mb", "peak_tflops", "hbm_gbps"):
         cols[c] = np.array([table[(g, d)][c] for g, d in zip(gpus, dtypes)], dtype=np.float64)
-    return compute(cols)
+    mod = op_features(op)
+    if mod is not None:
+        cols.update(mod.frame_inputs(df))
+    return compute(cols, op)

@@ -288,6 +288,8 @@ class Dispatcher:
         self.gpu_name = gpu_name
         self.models_dir = models_dir if models_dir is not None else _models_dir()
         self._op = registry.get(op)  # ValueError naming the known ops
+        # Problem fields beyond (m, n, k, dtype, e, top_k), e.g. the MoE op's stage and routing.
+        self._extra_names = self._op.extra_problem_fields()
         self.op = op
         self.threads = threads
         self.spec = hardware.lookup(self.gpu_name)
@@ -336,7 +338,7 @@ class Dispatcher:
             try:
                 model = _OnnxModel(path, man, self.threads)
                 n_in = model.session.get_inputs()[0].shape[-1]
-                if n_in in (None, len(F.FEATURE_NAMES)) or isinstance(n_in, str):
+                if n_in in (None, len(F.feature_names(self.op))) or isinstance(n_in, str):
                     return model, ""
                 reasons.append(f"{os.path.basename(path)}: expects {n_in} features")
             except Exception as exc:  # noqa: BLE001 - any broken model file means: try the next, then fall back
@@ -418,9 +420,14 @@ class Dispatcher:
         ct = candidate_table(self.space_arch, dtype, self.op)
         return ct, np.flatnonzero(ct.feasible_mask(m, n, k))
 
-    def _features(self, ct, idx, m, n, k, dtype, e, top_k) -> np.ndarray:
+    def _features(self, ct, idx, m, n, k, dtype, e, top_k, extra=()) -> np.ndarray:
         params = {p: ct.params[p][idx] for p in F.PARAMS}
-        return F.compute(F.problem_columns(m, n, k, dtype, self.spec, ct.variant_code[idx], params, e, top_k))
+        cols = F.problem_columns(m, n, k, dtype, self.spec, ct.variant_code[idx], params, e, top_k)
+        mod = F.op_features(self.op)
+        if mod is not None:
+            cols.update(mod.problem_inputs(m, e, top_k, block_m=params["block_m"],
+                                           **dict(zip(self._extra_names, extra))))
+        return F.compute(cols, self.op)
 
     def _latencies(self, X: np.ndarray, dtype: str):
         """Predicted latencies (us) of feature rows X from the latency companion, or None."""
@@ -432,9 +439,9 @@ class Dispatcher:
         except Exception:  # noqa: BLE001 - an annotation never breaks a decision
             return None
 
-    def _decide(self, m, n, k, dtype, e, top_k, count: int) -> list[Choice]:
+    def _decide(self, m, n, k, dtype, e, top_k, count: int, extra: tuple = ()) -> list[Choice]:
         self._check_runnable(n, k, dtype)
-        tuned = self._tuned.get((self.op, m, n, k, dtype, e, top_k))
+        tuned = self._tuned.get((self.op, m, n, k, dtype, e, top_k, *extra))
         if self.space_arch is None:
             # No candidate space for this arch: the vendor library is the one candidate known to run.
             vendor = self._op.vendor_ids[0]
@@ -452,7 +459,7 @@ class Dispatcher:
                 sl = model.shortlist_mask(ct, m)
                 # The shortlist narrows what the model scores, not what the heuristic sees on a failure.
                 scored = idx[sl[idx]] if sl is not None and sl[idx].any() else idx
-                X = self._features(ct, scored, m, n, k, dtype, e, top_k)
+                X = self._features(ct, scored, m, n, k, dtype, e, top_k, extra)
                 s = model.score(X)
                 order = np.lexsort((scored, s))[:count]
                 lat = np.exp2(s[order]) if model.latency else self._latencies(X[order], dtype)
@@ -465,12 +472,46 @@ class Dispatcher:
                 with self._model_lock:
                     self._models[dtype] = None
         sm = self.spec.sm_count if self.spec else 132
-        i = self._op.fallback_rule()(m, n, k, sm, ct.candidate_dicts(idx))
+        # An op without pinned E and top_k (MoE) passes them to its rule.
+        kw = {} if self._op.fixed else {"e": e, "top_k": top_k}
+        i = self._op.fallback_rule()(m, n, k, sm, ct.candidate_dicts(idx), **kw)
         return [Choice(ct.ids[idx[i]], "heuristic")]
 
-    def select(self, m: int, n: int, k: int, dtype: str = "bf16", e: int = 1, top_k: int = 1) -> Choice:
-        """The candidate to launch for y (M, N) = x (M, K) @ w (N, K).T. Cached; thread-safe."""
-        key = (self.op, m, n, k, dtype, e, top_k)
+    def _extra(self, fields: dict) -> tuple:
+        """The op's extra problem fields (MoE: stage, routing) in order; ValueError naming a missing
+        or unknown one. Defaults come from the op's Problem (MoE: routing 'balanced')."""
+        names = self._extra_names
+        unknown = sorted(set(fields) - set(names))
+        if unknown:
+            raise ValueError(f"op {self.op} has no problem field {unknown[0]!r}"
+                             + (f" (its extra fields: {', '.join(names)})" if names else ""))
+        if not names:
+            return ()
+        import dataclasses
+
+        defaults = {f.name: f.default for f in dataclasses.fields(self._op.space_module().Problem)
+                    if f.default is not dataclasses.MISSING}
+        out = []
+        for f in names:
+            if f in fields:
+                out.append(fields[f])
+            elif f in defaults:
+                out.append(defaults[f])
+            else:
+                raise ValueError(f"op {self.op} needs the problem field {f!r}")
+        return tuple(out)
+
+    def _check_extra(self, m, n, k, dtype, e, top_k, extra: tuple) -> None:
+        """Validate a problem with extra fields through the op's Problem (it names the bad field)."""
+        if extra:
+            self._op.problem_of({"m": m, "n": n, "k": k, "dtype": dtype, "e": e, "top_k": top_k,
+                                 **dict(zip(self._extra_names, extra))})
+
+    def select(self, m: int, n: int, k: int, dtype: str = "bf16", e: int = 1, top_k: int = 1, **fields) -> Choice:
+        """The candidate to launch for y (M, N) = x (M, K) @ w (N, K).T (for MoE, one stage:
+        ``stage=`` 'gate_up' or 'down', optional ``routing=``). Cached; thread-safe."""
+        extra = self._extra(fields) if fields or self._extra_names else ()
+        key = (self.op, m, n, k, dtype, e, top_k, *extra)
         try:
             hit = self._cache.get(key)
         except TypeError:  # an unhashable argument: check_problem names it below
@@ -485,29 +526,33 @@ class Dispatcher:
             return hit
         check_problem(m, n, k, dtype, e, top_k)
         self._op.check_fixed({"e": e, "top_k": top_k})
+        self._check_extra(m, n, k, dtype, e, top_k, extra)
         if hit is not None:  # numpy ints equal to a cached key: valid now that they are checked
             try:
                 self._cache.move_to_end(key)
             except KeyError:
                 pass
             return hit
-        key = (self.op, int(m), int(n), int(k), dtype, int(e), int(top_k))
-        choice = self._decide(*key[1:], count=1)[0]
+        key = (self.op, int(m), int(n), int(k), dtype, int(e), int(top_k), *extra)
+        choice = self._decide(*key[1:8], count=1, extra=extra)[0]
         with self._lock:
             self._cache[key] = choice
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         return choice
 
-    def rank(self, m: int, n: int, k: int, dtype: str = "bf16", count: int = 8, e: int = 1, top_k: int = 1) -> list[Choice]:
+    def rank(self, m: int, n: int, k: int, dtype: str = "bf16", count: int = 8, e: int = 1, top_k: int = 1,
+             **fields) -> list[Choice]:
         """The model's top ``count`` feasible candidates, best first (not cached).
         Without a usable model, the heuristic's single choice; without a candidate space for the
-        GPU's arch, the vendor's."""
+        GPU's arch, the vendor's. MoE: ``stage=`` and optional ``routing=`` as for ``select``."""
         check_problem(m, n, k, dtype, e, top_k)
         self._op.check_fixed({"e": e, "top_k": top_k})
+        extra = self._extra(fields) if fields or self._extra_names else ()
+        self._check_extra(m, n, k, dtype, e, top_k, extra)
         if type(count) is not int or count < 1:
             raise ValueError(f"count must be an int >= 1, got {count!r}")
-        return self._decide(int(m), int(n), int(k), dtype, int(e), int(top_k), count=count)
+        return self._decide(int(m), int(n), int(k), dtype, int(e), int(top_k), count=count, extra=extra)
 
     def precompute(self, nk_pairs, dtype: str = "bf16", ms=None) -> int:
         """Fill the cache for every (N, K) in nk_pairs over an M grid (default: powers of two to 16384)."""

@@ -1,0 +1,1 @@
+"""Fused mixture-of-experts (MoE) layer: E experts, top-k routing (registry op ``moe``)."""

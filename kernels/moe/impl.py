@@ -1,0 +1,769 @@
+"""The fused-MoE op's implementation (torch, triton; imported lazily by the registry).
+
+vLLM's ``fused_experts`` as two stages, each one registry problem with its own config:
+
+- ``gate_up``: x (M, hidden) and w1 (E, 2I, hidden) (nn.Linear layout, rows [0:I] gate, [I:2I]
+  up) -> the intermediate (M * top_k, I), row t * top_k + j = silu(x[t] @ g_e.T) * (x[t] @ u_e.T)
+  with e = topk_ids[t, j];
+- ``down``: the intermediate and w2 (E, hidden, I) -> y (M, hidden) = sum_j topk_weights[t, j] *
+  (intermediate[t * top_k + j] @ w2[topk_ids[t, j]].T).
+
+Candidates:
+- a ``MoeTiledConfig`` (vLLM's fused_moe_kernel scheme): ``align`` sorts the token-expert pairs by
+  expert and pads each expert's group to BLOCK_M rows (two Triton launches, no host sync), then one
+  grouped GEMM launch over (BLOCK_M rows of one expert) x (BLOCK_N weight rows) tiles in grouped
+  order; then silu-and-mul (gate_up) or the sum over top_k (down).
+- the vendor ``grouped_mm``: the pairs permuted expert-contiguous with torch ops, then
+  ``torch._grouped_mm``, then the same silu-and-mul / weighted sum kernels, scattering back.
+
+dtypes: bf16; fp8 (w8a8, per-tensor activation scale, one scale per expert for the weights,
+bf16 output; the down stage quantises its bf16 input inside its launch with a static scale);
+fp16/fp32 for the Triton CPU interpreter (which computes garbage for bf16/fp8 dots).
+``launch`` never synchronises the device and allocates its scratch itself, so a whole stage can
+be captured in a CUDA graph (after one warm-up call: align's arrival counter is allocated on
+first use). The counter is per device: one stream at a time, as for the dense split-K.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from ..common import _grouped_tile, zeroed_buffer
+from . import routing as R
+from .space import MAX_EXPERTS, STAGES, MoeTiledConfig, Problem, VendorConfig
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn, "fp16": torch.float16, "fp32": torch.float32}
+DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
+OUT_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+# Relative Frobenius error bounds against the fp32 reference of the same (quantised) operands.
+# Rounding dominates: the gate_up GEMM output is stored in the output dtype before silu-and-mul
+# and the down stage's pair outputs before their sum (bf16 2^-9, fp16 2^-12 per rounding), fp32
+# dots may run in TF32 on the GPU. fp8: the reference dequantises exactly what the kernel
+# consumes, the down stage's own quantisation of its bf16 input included (same scale, same
+# round-to-nearest-even, so the same fp8 values), hence the bf16 bound.
+ERROR_BOUNDS = {"bf16": 1e-2, "fp8": 1e-2, "fp16": 2e-3, "fp32": 2e-3}
+
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+_SCALE_MIN = 1e-10  # floor of a dynamic scale: an all-zero tensor quantises to zeros, not NaN
+
+# align: pairs per step of a chunk, most chunks (programs) of the counting pass.
+_ALIGN_SUB = 128
+_ALIGN_MAX_CHUNKS = 64
+# Weights are generated this many elements at a time (fp32 scratch: 256 MiB).
+_GEN_ELEMS = 1 << 26
+
+
+# ----------------------------------------------------------------------------
+# align: pairs sorted by expert, padded per expert to BLOCK_M
+# ----------------------------------------------------------------------------
+
+@triton.jit(do_not_specialize=["P", "CHUNK", "num_chunks"])
+def _align_count_kernel(ids_ptr, ws_ptr, meta_ptr, ntpp_ptr, cnt_ptr, P, CHUNK, num_chunks,
+                        E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, SUB: tl.constexpr):
+    """Program c: per-expert counts of pairs [c * CHUNK, (c + 1) * CHUNK) into ws row c. The last
+    program to arrive turns the rows into each chunk's first slot per expert (in place), and writes
+    every expert's padded end and real end (meta) and the padded total (ntpp)."""
+    c = tl.program_id(0)
+    start = c * CHUNK
+    end = tl.minimum(start + CHUNK, P)
+    lane = tl.arange(0, SUB)
+    cols = tl.arange(0, E_PAD)
+    hist = tl.zeros((E_PAD,), dtype=tl.int32)
+    for s in range(start, end, SUB):
+        m = s + lane < end
+        ids = tl.load(ids_ptr + s + lane, mask=m, other=0).to(tl.int32)
+        hist += tl.histogram(ids, E_PAD, mask=m)
+    tl.store(ws_ptr + c * E_PAD + cols, hist)
+    # Every thread's row store precedes the release of the arrival count.
+    tl.debug_barrier()
+    arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
+    if arrived == num_chunks - 1:
+        tl.debug_barrier()
+        total = tl.zeros((E_PAD,), dtype=tl.int32)
+        for r in range(0, num_chunks):
+            total += tl.load(ws_ptr + r * E_PAD + cols, cache_modifier=".cg")
+        padded = (total + BLOCK_M - 1) // BLOCK_M * BLOCK_M  # 0 for an expert without pairs
+        pad_end = tl.cumsum(padded, 0)
+        running = pad_end - padded
+        tl.store(meta_ptr + cols, pad_end)
+        tl.store(meta_ptr + E_PAD + cols, running + total)
+        tl.store(ntpp_ptr, tl.sum(padded, 0))
+        for r in range(0, num_chunks):
+            row = tl.load(ws_ptr + r * E_PAD + cols, cache_modifier=".cg")
+            tl.store(ws_ptr + r * E_PAD + cols, running)
+            running += row
+        # Zero again for the next launch (CUDA graphs replay with the same counter).
+        tl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit(do_not_specialize=["P", "CHUNK", "num_chunks", "max_padded"])
+def _align_place_kernel(ids_ptr, ws_ptr, meta_ptr, ntpp_ptr, sorted_ptr, expert_ids_ptr, P, CHUNK, num_chunks,
+                        max_padded, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, SUB: tl.constexpr,
+                        TILE: tl.constexpr):
+    """Programs < num_chunks: write chunk c's pairs to their slots, in pair order within an expert
+    (stable). The others: TILE slots each, the padding slots (sentinel P) and expert_ids of the
+    blocks starting there. The two sets of slots are disjoint, so the order does not matter."""
+    pid = tl.program_id(0)
+    cols = tl.arange(0, E_PAD)
+    if pid < num_chunks:
+        row_ptr = ws_ptr + pid * E_PAD  # this chunk's next slot per expert, advanced per step
+        start = pid * CHUNK
+        end = tl.minimum(start + CHUNK, P)
+        lane = tl.arange(0, SUB)
+        for s in range(start, end, SUB):
+            m = s + lane < end
+            ids = tl.load(ids_ptr + s + lane, mask=m, other=0).to(tl.int32)
+            # Rank among this step's pairs of the same expert (masked lanes are all at the end).
+            before = (ids[:, None] == ids[None, :]) & (lane[None, :] < lane[:, None])
+            rank = tl.sum(before.to(tl.int32), axis=1)
+            slot = tl.load(row_ptr + ids, mask=m, other=0) + rank
+            tl.store(sorted_ptr + slot, (s + lane).to(tl.int32), mask=m)
+            cur = tl.load(row_ptr + cols)
+            # All reads of the row (replicated lanes included) before anyone updates it.
+            tl.debug_barrier()
+            tl.store(row_ptr + cols, cur + tl.histogram(ids, E_PAD, mask=m))
+            tl.debug_barrier()
+    else:
+        pos = (pid - num_chunks) * TILE + tl.arange(0, TILE)
+        inb = pos < max_padded
+        ntpp = tl.load(ntpp_ptr)
+        live = pos < ntpp
+        # Whose padded range holds pos: the number of experts ending at or before it.
+        pad_end = tl.load(meta_ptr + cols)
+        e = tl.sum((pad_end[None, :] <= pos[:, None]).to(tl.int32), axis=1)
+        real_end = tl.load(meta_ptr + E_PAD + tl.minimum(e, E_PAD - 1))
+        pad = (pos >= real_end) | (~live)
+        tl.store(sorted_ptr + pos, tl.zeros((TILE,), dtype=tl.int32) + P, mask=inb & pad)
+        # Blocks at or past ntpp are never run (the GEMM exits early); expert 0 keeps them valid.
+        first = (pos % BLOCK_M == 0) & (pos + BLOCK_M <= max_padded)
+        tl.store(expert_ids_ptr + pos // BLOCK_M, tl.where(live, e, 0), mask=first)
+
+
+def max_padded_pairs(pairs: int, num_experts: int, block_m: int) -> int:
+    """Slots of the sorted pair list: each of the (at most min(E, pairs)) experts with pairs pads
+    fewer than BLOCK_M slots (vLLM's bound, with its cap pairs * BLOCK_M when pairs < E)."""
+    return pairs + min(num_experts, pairs) * (block_m - 1)
+
+
+def _align_plan(pairs: int, num_experts: int):
+    e_pad = max(16, triton.next_power_of_2(num_experts))
+    chunk = _ALIGN_SUB * triton.cdiv(pairs, _ALIGN_SUB * _ALIGN_MAX_CHUNKS)
+    tile = min(1024, max(64, 16384 // e_pad))  # the slot tile's (TILE, E_PAD) expert search
+    return e_pad, chunk, triton.cdiv(pairs, chunk), tile
+
+
+def align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
+    """vLLM's moe_align_block_size: (sorted_token_ids int32 (max_padded,), expert_ids int32
+    (max_padded // block_m,), num_tokens_post_padded int32 (1,)).
+
+    The pairs (flat index t * top_k + j of topk_ids) grouped by expert in pair order, each
+    expert's group padded to a multiple of block_m with the sentinel M * top_k; experts without
+    pairs take no block; expert_ids[b] is block b's expert (0 past num_tokens_post_padded).
+    Two launches, no host synchronisation (CUDA-graph safe); topk_ids int32 or int64."""
+    ids = topk_ids.reshape(-1)
+    pairs = ids.numel()
+    dev = ids.device
+    max_padded = max_padded_pairs(pairs, num_experts, block_m)
+    sorted_ids = torch.empty(max_padded, dtype=torch.int32, device=dev)
+    expert_ids = torch.empty(max_padded // block_m, dtype=torch.int32, device=dev)
+    ntpp = torch.empty(1, dtype=torch.int32, device=dev)
+    e_pad, chunk, n_chunks, tile = _align_plan(pairs, num_experts)
+    ws = torch.empty(n_chunks * e_pad, dtype=torch.int32, device=dev)
+    meta = torch.empty(2 * e_pad, dtype=torch.int32, device=dev)
+    cnt = zeroed_buffer("moe_align", dev, 1, torch.int32, 1)
+    _align_count_kernel[(n_chunks,)](ids, ws, meta, ntpp, cnt, pairs, chunk, n_chunks,
+                                     E_PAD=e_pad, BLOCK_M=block_m, SUB=_ALIGN_SUB, num_warps=4)
+    _align_place_kernel[(n_chunks + triton.cdiv(max_padded, tile),)](
+        ids, ws, meta, ntpp, sorted_ids, expert_ids, pairs, chunk, n_chunks, max_padded,
+        E_PAD=e_pad, BLOCK_M=block_m, SUB=_ALIGN_SUB, TILE=tile, num_warps=4)
+    return sorted_ids, expert_ids, ntpp
+
+
+def align_reference(topk_ids: torch.Tensor, num_experts: int, block_m: int):
+    """``align`` in plain torch (synchronises): the tests' known answer."""
+    flat = topk_ids.reshape(-1).long()
+    pairs = flat.numel()
+    dev = flat.device
+    max_padded = max_padded_pairs(pairs, num_experts, block_m)
+    counts = torch.bincount(flat, minlength=num_experts)
+    padded = (counts + block_m - 1) // block_m * block_m
+    pad_end = torch.cumsum(padded, 0)
+    pad_start = pad_end - padded
+    order = torch.argsort(flat, stable=True)
+    e_sorted = flat[order]
+    first_of_expert = torch.cumsum(counts, 0) - counts
+    slot = pad_start[e_sorted] + torch.arange(pairs, device=dev) - first_of_expert[e_sorted]
+    sorted_ids = torch.full((max_padded,), pairs, dtype=torch.int32, device=dev)
+    sorted_ids[slot] = order.to(torch.int32)
+    ntpp = int(padded.sum())
+    expert_ids = torch.zeros(max_padded // block_m, dtype=torch.int32, device=dev)
+    starts = torch.arange(0, ntpp, block_m, device=dev)
+    expert_ids[: len(starts)] = torch.searchsorted(pad_end, starts, right=True).to(torch.int32)
+    return sorted_ids, expert_ids, torch.tensor([ntpp], dtype=torch.int32, device=dev)
+
+
+# ----------------------------------------------------------------------------
+# The grouped GEMM and the small kernels around it
+# ----------------------------------------------------------------------------
+
+@triton.jit(do_not_specialize=["EM", "num_valid"])
+def moe_gemm_kernel(a_ptr, w_ptr, c_ptr, a_scale_ptr, w_scale_ptr, tw_ptr, sorted_ptr, expert_ids_ptr, ntpp_ptr,
+                    N, K, EM, num_valid, stride_am, stride_we, stride_wn, stride_cm,
+                    A_DIV: tl.constexpr, MUL_WEIGHT: tl.constexpr, HAS_SCALE: tl.constexpr,
+                    EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """Program: BLOCK_M slots of the sorted pairs (one expert) x BLOCK_N weight rows, grouped
+    order. A rows are slot's pair // A_DIV (gate_up: the token; down: the pair); the result goes
+    to row `pair` of c. Padding slots (sentinel >= num_valid) load nothing and store nothing."""
+    num_pid_m = tl.cdiv(EM, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), num_pid_m, num_pid_n, GROUP_M)
+    if pid_m * BLOCK_M >= tl.load(ntpp_ptr):
+        return
+    pair = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    valid = pair < num_valid
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    rows = tl.where(valid, pair // A_DIV, 0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # Out-of-range weight rows read row 0; the store mask drops them.
+    rn = tl.where(offs_n < N, offs_n, 0)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :]
+    w_ptrs = w_ptr + expert * stride_we + rn[:, None] * stride_wn + offs_k[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kt in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
+            b = tl.load(w_ptrs)
+        else:
+            k_mask = offs_k[None, :] < K - kt * BLOCK_K
+            a = tl.load(a_ptrs, mask=valid[:, None] & k_mask, other=0.0)
+            b = tl.load(w_ptrs, mask=k_mask, other=0.0)
+        acc = tl.dot(a, tl.trans(b), acc)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    if HAS_SCALE:
+        acc = acc * (tl.load(a_scale_ptr) * tl.load(w_scale_ptr + expert))
+    if MUL_WEIGHT:
+        acc = acc * tl.load(tw_ptr + pair, mask=valid, other=0.0)[:, None]
+    c_ptrs = c_ptr + pair[:, None] * stride_cm + offs_n[None, :]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=valid[:, None] & (offs_n[None, :] < N))
+
+
+@triton.jit
+def _silu_mul_kernel(x_ptr, y_ptr, map_ptr, I, stride_x, stride_y, HAS_MAP: tl.constexpr, BLOCK: tl.constexpr):
+    """y[dst, :] = silu(x[r, :I]) * x[r, I:2I] in fp32, dst = map[r] (the vendor's scatter back to
+    pair order) or r."""
+    r = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = cols < I
+    g = tl.load(x_ptr + r * stride_x + cols, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(x_ptr + r * stride_x + I + cols, mask=m, other=0.0).to(tl.float32)
+    if HAS_MAP:
+        dst = tl.load(map_ptr + r).to(tl.int64)
+    else:
+        dst = r
+    tl.store(y_ptr + dst * stride_y + cols, (g * tl.sigmoid(g) * u).to(y_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _combine_kernel(y_ptr, out_ptr, map_ptr, tw_ptr, H, stride_y, stride_out, TOP_K: tl.constexpr,
+                    HAS_MAP: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK: tl.constexpr):
+    """out[t] = sum_j (tw[t, j] *) y[src], src = map[t * TOP_K + j] or t * TOP_K + j; fp32 sum."""
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = cols < H
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        pair = t * TOP_K + j
+        if HAS_MAP:
+            src = tl.load(map_ptr + pair).to(tl.int64)
+        else:
+            src = pair
+        v = tl.load(y_ptr + src * stride_y + cols, mask=m, other=0.0).to(tl.float32)
+        if HAS_WEIGHT:
+            v = v * tl.load(tw_ptr + pair)
+        acc += v
+    tl.store(out_ptr + t * stride_out + cols, acc.to(out_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _quant_fp8_kernel(x_ptr, y_ptr, s_ptr, n, BLOCK: tl.constexpr):
+    """y = fp8(clamp(x / s)): IEEE division and round-to-nearest-even, as the torch reference."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    q = tl.clamp(tl.math.div_rn(x, tl.load(s_ptr) + tl.zeros_like(x)), -448.0, 448.0)
+    tl.store(y_ptr + offs, q.to(y_ptr.dtype.element_ty), mask=m)
+
+
+def _cols_block(n: int) -> int:
+    return min(1024, max(16, triton.next_power_of_2(n)))
+
+
+def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None, dst_rows: torch.Tensor | None = None) -> torch.Tensor:
+    """(R, 2I) -> (R, I) silu(gate) * up (rows may be strided); row r goes to out[dst_rows[r]]."""
+    rows, two_i = x.shape
+    i = two_i // 2
+    if out is None:
+        out = torch.empty((rows, i), dtype=x.dtype, device=x.device)
+    block = _cols_block(i)
+    _silu_mul_kernel[(rows, triton.cdiv(i, block))](
+        x, out, x if dst_rows is None else dst_rows, i, x.stride(0), out.stride(0),
+        HAS_MAP=dst_rows is not None, BLOCK=block, num_warps=4)
+    return out
+
+
+def _combine(y: torch.Tensor, out: torch.Tensor, top_k: int, src_rows=None, weights=None) -> torch.Tensor:
+    m, h = out.shape
+    block = _cols_block(h)
+    _combine_kernel[(m, triton.cdiv(h, block))](
+        y, out, y if src_rows is None else src_rows, y if weights is None else weights, h, y.stride(0),
+        out.stride(0), TOP_K=top_k, HAS_MAP=src_rows is not None, HAS_WEIGHT=weights is not None,
+        BLOCK=block, num_warps=4)
+    return out
+
+
+def quantize_fp8(x: torch.Tensor, scale: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Static per-tensor fp8 e4m3 quantisation x / scale (one Triton launch, no sync)."""
+    if out is None:
+        out = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    n = x.numel()
+    block = 1024
+    _quant_fp8_kernel[(triton.cdiv(n, block),)](x, out, scale, n, BLOCK=block, num_warps=4)
+    return out
+
+
+def quantize_fp8_reference(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``quantize_fp8`` in torch: the same fp8 values."""
+    return (x.float() / scale.float().reshape(())).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+
+
+def dynamic_scale(x: torch.Tensor) -> torch.Tensor:
+    """Per-tensor fp8 scale amax / 448 as a (1,) fp32 tensor on x's device (no sync)."""
+    return (x.abs().amax().float() / FP8_MAX).clamp_min(_SCALE_MIN).reshape(1)
+
+
+# ----------------------------------------------------------------------------
+# The vendor: torch._grouped_mm over the expert-contiguous layout
+# ----------------------------------------------------------------------------
+#
+# torch._grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None) -> Tensor
+# (aten/src/ATen/native/cuda/GroupedBlas.cpp, native/GroupedMMUtils.h):
+# - 2-D x 3-D (our case): mat_a (total_M, K), mat_b (G, K, N), offs int32 1-D of G cumulative
+#   row ends (group g is rows [offs[g-1], offs[g]); empty groups allowed) -> out (total_M, N);
+# - dtypes bf16/fp16/fp32; out_dtype must equal mat_a's; no bias;
+# - each operand 16-byte aligned (data_ptr) with one of its last two strides 1 and the other a
+#   multiple of 16 bytes: w.transpose(-2, -1) of a contiguous (E, N, K) weight needs K % 8 == 0
+#   (bf16), the gathered (P, K) rows the same; the output's row stride is N padded to 16 bytes
+#   (a strided view when N % 8 != 0);
+# - the fast path (CUTLASS grouped GEMM, no device-to-host sync) needs sm90/sm100 and bf16 in
+#   and out; anything else takes a fallback that copies offs to the host per call (not
+#   capturable). On CPU the fallback runs (a loop of mm), which the CPU tests use.
+
+def expert_permutation(topk_ids: torch.Tensor, num_experts: int):
+    """(order int64 (P,), offs int32 (E,)): pairs stably sorted by expert, and the cumulative row
+    end of every expert in that order (torch._grouped_mm's offs). No host sync."""
+    flat = topk_ids.reshape(-1)
+    e_sorted, order = torch.sort(flat, stable=True)
+    bounds = torch.arange(num_experts, device=flat.device, dtype=e_sorted.dtype)
+    return order, torch.searchsorted(e_sorted, bounds, right=True, out_int32=True)
+
+
+def inverse_permutation(order: torch.Tensor) -> torch.Tensor:
+    """inv with inv[order[i]] = i (where each pair sits in the sorted order)."""
+    inv = torch.empty_like(order)
+    return inv.scatter_(0, order, torch.arange(order.numel(), device=order.device))
+
+
+def _vendor(stage, x, w, topk_weights, topk_ids, out):
+    top_k = topk_ids.shape[1]
+    order, offs = expert_permutation(topk_ids, w.shape[0])
+    rows = x.index_select(0, order // top_k if stage == "gate_up" else order)
+    y = torch._grouped_mm(rows, w.transpose(-2, -1), offs=offs)
+    if stage == "gate_up":
+        return silu_and_mul(y, out, dst_rows=order)
+    return _combine(y, out, top_k, src_rows=inverse_permutation(order), weights=topk_weights)
+
+
+# ----------------------------------------------------------------------------
+# Launch
+# ----------------------------------------------------------------------------
+
+def dtype_name(t: torch.Tensor) -> str:
+    try:
+        return DTYPE_NAMES[t.dtype]
+    except KeyError:
+        raise ValueError(f"unsupported dtype {t.dtype}; supported: {sorted(TORCH_DTYPES)}") from None
+
+
+def output_shape(stage: str, x: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor) -> tuple[int, int]:
+    """gate_up: (M * top_k, N // 2); down: (M, N)."""
+    if stage == "gate_up":
+        return topk_ids.numel(), w.shape[1] // 2
+    return topk_ids.shape[0], w.shape[1]
+
+
+def launch(cfg, stage: str, x: torch.Tensor, w: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+           out: torch.Tensor | None = None, a_scale: torch.Tensor | None = None,
+           w_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Run one stage on candidate ``cfg`` (a MoeTiledConfig or the vendor); returns ``out``.
+
+    gate_up: x (M, K), w (E, N, K) -> (M * top_k, N // 2). down: x (M * top_k, K), w (E, N, K) ->
+    (M, N), weighted by topk_weights (M, top_k) fp32. fp8 weights (per-expert scales w_scale (E,))
+    take fp8 x with its scale a_scale (1,), or x in bf16, quantised here with the static a_scale;
+    the output is bf16. Everything the stage needs runs here (align for cfg.block_m, GEMM,
+    silu-and-mul or the top_k sum); scratch is allocated here. Does not validate (hot path: see
+    check_operands). Never synchronises the device."""
+    wname = dtype_name(w)
+    if out is None:
+        out = torch.empty(output_shape(stage, x, w, topk_ids), dtype=OUT_TORCH_DTYPES[wname], device=x.device)
+    fp8 = wname == "fp8"
+    if fp8 and x.dtype != torch.float8_e4m3fn:
+        x = quantize_fp8(x, a_scale)
+    if isinstance(cfg, VendorConfig):
+        if fp8:
+            raise ValueError("the vendor candidate (torch._grouped_mm) has no fp8 path")
+        return _vendor(stage, x, w, topk_weights, topk_ids, out)
+    if not isinstance(cfg, MoeTiledConfig):
+        raise ValueError(f"not a moe config: {cfg!r}")
+    E, N, K = w.shape
+    top_k = topk_ids.shape[1]
+    pairs = topk_ids.numel()
+    sorted_ids, expert_ids, ntpp = align(topk_ids, E, cfg.block_m)
+    down = stage == "down"
+    # down with top_k 1: pair == token, so the GEMM writes y directly.
+    direct = down and top_k == 1
+    c = out if direct else torch.empty((pairs, N), dtype=out.dtype, device=x.device)
+    EM = sorted_ids.numel()
+    grid = (triton.cdiv(EM, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
+    moe_gemm_kernel[grid](
+        x, w, c, a_scale if fp8 else x, w_scale if fp8 else x, topk_weights, sorted_ids, expert_ids, ntpp,
+        N, K, EM, pairs, x.stride(0), w.stride(0), w.stride(1), c.stride(0),
+        A_DIV=1 if down else top_k, MUL_WEIGHT=down, HAS_SCALE=fp8, EVEN_K=K % cfg.block_k == 0,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if not down:
+        return silu_and_mul(c, out)
+    if not direct:
+        _combine(c, out, top_k)
+    return out
+
+
+# ----------------------------------------------------------------------------
+# Operand checks
+# ----------------------------------------------------------------------------
+
+_STAGE_NAMES = {"x": "x", "w": "w", "topk_weights": "topk_weights", "topk_ids": "topk_ids",
+                "a_scale": "a_scale", "w_scale": "w_scale", "out": "out"}
+
+
+def check_operands(stage: str, x, w, topk_weights, topk_ids, a_scale=None, w_scale=None, out=None,
+                   _names: dict | None = None, _dynamic_a_scale: bool = False) -> str:
+    """'' if ``launch(cfg, stage, x, w, topk_weights, topk_ids, out, a_scale, w_scale)`` accepts
+    these operands, else what is wrong, naming the argument. Host-side checks only (the values of
+    topk_ids are not read: that would synchronise)."""
+    nm = _names or _STAGE_NAMES
+    if stage not in STAGES:
+        return f"stage must be one of {', '.join(STAGES)}, got {stage!r}"
+    named = [(nm["x"], x), (nm["w"], w), (nm["topk_weights"], topk_weights), (nm["topk_ids"], topk_ids)]
+    named += [(nm[k], t) for k, t in (("a_scale", a_scale), ("w_scale", w_scale), ("out", out)) if t is not None]
+    for label, t in named:
+        if not isinstance(t, torch.Tensor):
+            return f"{label} must be a torch tensor, got {type(t).__name__}"
+        if t.device != x.device:
+            return f"{label} is on {t.device}, {nm['x']} on {x.device}: all operands must be on one device"
+        if not t.is_contiguous():
+            return f"{label} must be contiguous"
+    if w.dim() != 3:
+        return f"{nm['w']} must be 3-D (E, N, K), got shape {tuple(w.shape)}"
+    if x.dim() != 2:
+        return f"{nm['x']} must be 2-D, got shape {tuple(x.shape)}"
+    if topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
+        return f"{nm['topk_ids']} must be a 2-D (M, top_k) int32 or int64 tensor, got {topk_ids.dtype} {tuple(topk_ids.shape)}"
+    if topk_weights.dtype != torch.float32 or tuple(topk_weights.shape) != tuple(topk_ids.shape):
+        return (f"{nm['topk_weights']} must be float32 of {nm['topk_ids']}'s shape {tuple(topk_ids.shape)}, "
+                f"got {topk_weights.dtype} {tuple(topk_weights.shape)}")
+    e, n, k = w.shape
+    m, top_k = topk_ids.shape
+    if not 1 <= e <= MAX_EXPERTS:
+        return f"{nm['w']} must hold 1..{MAX_EXPERTS} experts, got E = {e}"
+    if not 1 <= top_k <= e:
+        return f"{nm['topk_ids']}: top_k must be in 1..E = {e}, got {top_k}"
+    if m < 1 or n < 1 or k < 1:
+        return f"M, N and K must be >= 1, got {nm['topk_ids']} {tuple(topk_ids.shape)}, {nm['w']} {tuple(w.shape)}"
+    rows = m if stage == "gate_up" else m * top_k
+    if x.shape[0] != rows:
+        what = "M = topk_ids rows" if stage == "gate_up" else "M * top_k"
+        return f"{nm['x']} must have {what} = {rows} rows for stage {stage}, got {x.shape[0]}"
+    if x.shape[1] != k:
+        return f"{nm['x']} must have K = {k} columns ({nm['w']} is (E, N, K) = {tuple(w.shape)}), got {x.shape[1]}"
+    if stage == "gate_up" and n % 2:
+        return f"{nm['w']} must have an even N (gate and up halves) for stage gate_up, got N = {n}"
+    if w.dtype not in DTYPE_NAMES:
+        return f"{nm['w']} must be one of {sorted(TORCH_DTYPES)}, got {w.dtype}"
+    wname = DTYPE_NAMES[w.dtype]
+    if wname == "fp8":
+        if x.dtype not in (torch.float8_e4m3fn, torch.bfloat16):
+            return f"{nm['x']} must be float8_e4m3fn or bfloat16 (quantised here) with fp8 weights, got {x.dtype}"
+        if x.dtype == torch.float8_e4m3fn or a_scale is not None or not _dynamic_a_scale:
+            msg = _check_scale(nm["a_scale"], a_scale, (1,), x.device)
+            if msg:
+                return msg
+        msg = _check_scale(nm["w_scale"], w_scale, (e,), x.device)
+        if msg:
+            return msg
+    else:
+        if x.dtype != w.dtype:
+            return f"{nm['x']} must have {nm['w']}'s dtype {w.dtype}, got {x.dtype}"
+        for label, s in ((nm["a_scale"], a_scale), (nm["w_scale"], w_scale)):
+            if s is not None:
+                return f"{label} is only for fp8 weights ({nm['w']} is {w.dtype})"
+    if out is not None:
+        want = output_shape(stage, x, w, topk_ids)
+        if tuple(out.shape) != want or out.dtype != OUT_TORCH_DTYPES[wname]:
+            return f"{nm['out']} must be {OUT_TORCH_DTYPES[wname]} of shape {want}, got {out.dtype} {tuple(out.shape)}"
+    return ""
+
+
+def _check_scale(label: str, s, shape: tuple, device) -> str:
+    """A float32 scale of ``shape`` on ``device`` (a one-element scale may be 0-D)."""
+    ok = isinstance(s, torch.Tensor) and s.dtype == torch.float32 and s.device == device and (
+        tuple(s.shape) == shape or (shape == (1,) and s.numel() == 1))
+    return "" if ok else f"{label} must be a float32 tensor of shape {shape} on {device} with fp8 weights"
+
+
+def _raise(msg: str) -> None:
+    if msg:
+        raise ValueError(msg)
+
+
+# ----------------------------------------------------------------------------
+# Operands, reference
+# ----------------------------------------------------------------------------
+
+@dataclass
+class Operands:
+    """One stage's inputs and preallocated output. gate_up: x (M, K); down: x = the intermediate
+    (M * top_k, K). w (E, N, K); topk_ids int32 (M, top_k); topk_weights fp32 (M, top_k)."""
+
+    stage: str
+    x: torch.Tensor
+    w: torch.Tensor
+    topk_weights: torch.Tensor
+    topk_ids: torch.Tensor
+    out: torch.Tensor
+    a_scale: torch.Tensor | None = None
+    w_scale: torch.Tensor | None = None
+
+    def run(self, cfg) -> torch.Tensor:
+        return launch(cfg, self.stage, self.x, self.w, self.topk_weights, self.topk_ids, self.out,
+                      self.a_scale, self.w_scale)
+
+    @property
+    def nbytes(self) -> int:
+        ts = (self.x, self.w, self.topk_weights, self.topk_ids, self.out, self.a_scale, self.w_scale)
+        return sum(t.numel() * t.element_size() for t in ts if t is not None)
+
+
+def random_weights(e: int, n: int, k: int, dtype: str, device, generator: torch.Generator):
+    """(w (E, N, K) in ``dtype``, per-expert fp32 scales (E,) for fp8 else None), entries
+    ~ N(0, 1/K). Generated a few experts at a time: no fp32 copy of the whole weight."""
+    w = torch.empty((e, n, k), dtype=TORCH_DTYPES[dtype], device=device)
+    scales = torch.empty(e, dtype=torch.float32, device=device) if dtype == "fp8" else None
+    step = max(1, _GEN_ELEMS // (n * k))
+    for i in range(0, e, step):
+        j = min(e, i + step)
+        part = torch.randn((j - i, n, k), generator=generator, device=device, dtype=torch.float32) * k ** -0.5
+        if scales is None:
+            w[i:j] = part
+        else:
+            s = (part.abs().amax(dim=(1, 2)) / FP8_MAX).clamp_min(_SCALE_MIN)
+            scales[i:j] = s
+            w[i:j] = (part / s[:, None, None]).clamp(-FP8_MAX, FP8_MAX)
+        del part
+    return w, scales
+
+
+def make_operands(problem: Problem, device: str | torch.device, generator: torch.Generator) -> Operands:
+    """Fresh random inputs of one stage (never zeros): activations ~ N(0, 1), weights ~ N(0, 1/K)
+    so outputs are O(1); topk_ids from the problem's routing (deterministic per problem),
+    topk_weights positive and normalised per token. fp8: activations quantised with one scale
+    (amax / 448), weights with one per expert; the down stage's input stays bf16 (the stage
+    quantises it with its static scale, here the amax of this input)."""
+    m, n, k, e, top_k = problem.m, problem.n, problem.k, problem.e, problem.top_k
+    ids = torch.from_numpy(np.ascontiguousarray(R.topk_ids(problem.routing, m, e, top_k))).to(device)
+    tw = torch.rand((m, top_k), generator=generator, device=device) + 0.25
+    tw /= tw.sum(dim=1, keepdim=True)
+    rows = m if problem.stage == "gate_up" else m * top_k
+    x = torch.randn((rows, k), generator=generator, device=device, dtype=torch.float32)
+    w, w_scale = random_weights(e, n, k, problem.dtype, device, generator)
+    a_scale = None
+    if problem.dtype == "fp8":
+        if problem.stage == "down":
+            x = x.to(torch.bfloat16)
+        a_scale = dynamic_scale(x)
+        if problem.stage == "gate_up":
+            x = quantize_fp8_reference(x, a_scale)
+    else:
+        x = x.to(TORCH_DTYPES[problem.dtype])
+    out_rows, out_cols = (m * top_k, n // 2) if problem.stage == "gate_up" else (m, n)
+    out = torch.empty((out_rows, out_cols), dtype=OUT_TORCH_DTYPES[problem.dtype], device=device)
+    return Operands(problem.stage, x, w, tw, ids, out, a_scale, w_scale)
+
+
+@contextlib.contextmanager
+def _no_tf32(device):
+    if torch.device(device).type != "cuda":
+        yield
+        return
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+
+
+def _expert_groups(topk_ids: torch.Tensor):
+    """(expert, pair indices) for every expert with pairs (synchronises)."""
+    flat = topk_ids.reshape(-1).long()
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat).tolist()
+    start = 0
+    for e, c in enumerate(counts):
+        if c:
+            yield e, order[start:start + c]
+        start += c
+
+
+def _activations(x: torch.Tensor, w: torch.Tensor, a_scale) -> torch.Tensor:
+    """x as the GEMM consumes it, in fp32: fp8 dequantised; bf16 with fp8 weights quantised first."""
+    if w.dtype == torch.float8_e4m3fn:
+        if x.dtype != torch.float8_e4m3fn:
+            x = quantize_fp8_reference(x, a_scale)
+        return x.float() * a_scale.float().reshape(())
+    return x.float()
+
+
+def stage_reference(stage: str, x, w, topk_weights, topk_ids, a_scale=None, w_scale=None) -> torch.Tensor:
+    """fp32 reference of one stage, expert by expert over the experts with pairs (one expert's
+    weight in fp32 at a time); TF32 off."""
+    top_k = topk_ids.shape[1]
+    n = w.shape[1]
+    out = torch.zeros(output_shape(stage, x, w, topk_ids), dtype=torch.float32, device=x.device)
+    tw = topk_weights.reshape(-1).float()
+    with _no_tf32(x.device):
+        for e, idx in _expert_groups(topk_ids):
+            we = w[e].float() * (w_scale[e].float() if w_scale is not None else 1.0)
+            a = _activations(x.index_select(0, idx // top_k if stage == "gate_up" else idx), w, a_scale)
+            y = a @ we.T
+            if stage == "gate_up":
+                out[idx] = torch.nn.functional.silu(y[:, : n // 2]) * y[:, n // 2:]
+            else:
+                # idx holds distinct tokens (distinct experts per token): no repeated row here.
+                out.index_add_(0, idx // top_k, y * tw[idx, None])
+    return out
+
+
+def reference(ops: Operands) -> torch.Tensor:
+    """fp32 reference of one stage's operand set."""
+    return stage_reference(ops.stage, ops.x, ops.w, ops.topk_weights, ops.topk_ids, ops.a_scale, ops.w_scale)
+
+
+# ----------------------------------------------------------------------------
+# The whole layer (for the torch custom op)
+# ----------------------------------------------------------------------------
+
+def route(router_logits: torch.Tensor, top_k: int, renormalize: bool = True):
+    """Softmax over experts then top-k: (topk_weights fp32 (M, top_k), topk_ids int32 (M, top_k));
+    with ``renormalize`` each token's weights sum to 1."""
+    if not isinstance(router_logits, torch.Tensor) or router_logits.dim() != 2:
+        raise ValueError("router_logits must be a 2-D (M, E) tensor")
+    e = router_logits.shape[1]
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= e:
+        raise ValueError(f"top_k must be an int in 1..E = {e}, got {top_k!r}")
+    p = torch.softmax(router_logits.float(), dim=-1)
+    w, ids = torch.topk(p, top_k, dim=-1)
+    if renormalize:
+        w = w / w.sum(dim=-1, keepdim=True)
+    return w.contiguous(), ids.to(torch.int32).contiguous()
+
+
+def check_layer(x, w1, w2, topk_weights, topk_ids, w1_scale=None, w2_scale=None, a1_scale=None,
+                a2_scale=None, out=None) -> str:
+    """'' if ``fused_moe`` accepts these operands, else what is wrong, naming the argument.
+    With fp8 weights, a1_scale (for bf16 x) and a2_scale may be None: computed per call."""
+    names = dict(_STAGE_NAMES, w="w1", a_scale="a1_scale", w_scale="w1_scale")
+    msg = check_operands("gate_up", x, w1, topk_weights, topk_ids, a1_scale, w1_scale, _names=names,
+                         _dynamic_a_scale=True)
+    if msg:
+        return msg
+    if not isinstance(w2, torch.Tensor):
+        return f"w2 must be a torch tensor, got {type(w2).__name__}"
+    e, n1, hidden = w1.shape
+    want = (e, hidden, n1 // 2)
+    if w2.dim() != 3 or tuple(w2.shape) != want:
+        return f"w2 must have shape (E, hidden, I) = {want} (w1 is {tuple(w1.shape)}), got {tuple(w2.shape)}"
+    if w2.dtype != w1.dtype:
+        return f"w2 must have w1's dtype {w1.dtype}, got {w2.dtype}"
+    if w2.device != x.device or not w2.is_contiguous():
+        return f"w2 must be contiguous and on {x.device}"
+    fp8 = w1.dtype == torch.float8_e4m3fn
+    if fp8:
+        msg = _check_scale("w2_scale", w2_scale, (e,), x.device)
+        if not msg and a2_scale is not None:
+            msg = _check_scale("a2_scale", a2_scale, (1,), x.device)
+        if msg:
+            return msg
+    else:
+        for label, s in (("w2_scale", w2_scale), ("a2_scale", a2_scale)):
+            if s is not None:
+                return f"{label} is only for fp8 weights (w2 is {w2.dtype})"
+    if out is not None:
+        want = (topk_ids.shape[0], hidden)
+        dt = OUT_TORCH_DTYPES[DTYPE_NAMES[w1.dtype]]
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != want or out.dtype != dt \
+                or out.device != x.device or not out.is_contiguous():
+            return f"out must be a contiguous {dt} tensor of shape {want} on {x.device}"
+    return ""
+
+
+def fused_moe(x, w1, w2, topk_weights, topk_ids, cfg_up, cfg_down, *, w1_scale=None, w2_scale=None,
+              a1_scale=None, a2_scale=None, out=None) -> torch.Tensor:
+    """The MoE layer: y (M, hidden) = sum_j topk_weights[t, j] * down_e(silu(gate_e(x)) * up_e(x)),
+    e = topk_ids[t, j]; both stages on their configs. bf16 (fp16/fp32 in the interpreter), or fp8
+    weights with per-expert scales: x fp8 with a1_scale, or bf16 quantised with a1_scale (or a
+    dynamic per-tensor scale when None); the intermediate is quantised with a2_scale (dynamic when
+    None). ValueError naming the argument on bad operands."""
+    _raise(check_layer(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale, out))
+    fp8 = w1.dtype == torch.float8_e4m3fn
+    if fp8 and a1_scale is None:
+        a1_scale = dynamic_scale(x)
+    h = launch(cfg_up, "gate_up", x, w1, topk_weights, topk_ids, None, a1_scale, w1_scale)
+    if fp8 and a2_scale is None:
+        a2_scale = dynamic_scale(h)
+    return launch(cfg_down, "down", h, w2, topk_weights, topk_ids, out, a2_scale, w2_scale)
+
+
+def moe_reference(x, w1, w2, topk_weights, topk_ids, *, w1_scale=None, w2_scale=None, a1_scale=None,
+                  a2_scale=None) -> torch.Tensor:
+    """fp32 reference of ``fused_moe``: the intermediate is rounded to the dtype the layer keeps it
+    in (bf16 for fp8) and, for fp8, quantised as the down stage does. A dynamic a2_scale (None) is
+    taken from this reference intermediate, which may differ from the kernel's by one rounding:
+    compare fp8 layers with static scales (or a looser bound)."""
+    _raise(check_layer(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale))
+    fp8 = w1.dtype == torch.float8_e4m3fn
+    if fp8 and a1_scale is None:
+        a1_scale = dynamic_scale(x)
+    h = stage_reference("gate_up", x, w1, topk_weights, topk_ids, a1_scale, w1_scale)
+    h = h.to(OUT_TORCH_DTYPES[DTYPE_NAMES[w1.dtype]])
+    if fp8 and a2_scale is None:
+        a2_scale = dynamic_scale(h)
+    return stage_reference("down", h, w2, topk_weights, topk_ids, a2_scale, w2_scale)

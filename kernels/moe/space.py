@@ -1,0 +1,272 @@
+"""Config space of the fused-MoE op ``moe``, as data (torch-free).
+
+The layer (vLLM's ``fused_experts``): each of M tokens goes to top_k of E experts; the
+token-expert pairs are sorted by expert and padded per expert to BLOCK_SIZE_M rows, then two
+grouped GEMMs run over them. They are two *stages* of one problem, each with its own config:
+
+- ``gate_up``: (M * top_k, K = hidden) @ w1[e].T, w1 (E, N = 2 * I, hidden), then silu(gate) * up
+  -> the intermediate (M * top_k, I);
+- ``down``: (M * top_k, K = I) @ w2[e].T, w2 (E, N = hidden, I), times each pair's routing
+  weight, summed over the top_k experts of a token -> y (M, hidden).
+
+So a Problem's (n, k) are the stage's GEMM (n = weight rows, k = reduction): a dense GEMM's
+meaning, with M tokens doing M * top_k rows over E weights. Its ``routing`` names the expert
+histogram (``routing.py``): the same shape runs at another speed when the tokens crowd onto a
+few experts.
+
+Candidates (the same module interface as ``kernels/gemm_configs.py``):
+- ``tiled`` (``MoeTiledConfig``): vLLM's fused_moe kernel on vLLM's keys (BLOCK_SIZE_M/N/K,
+  GROUP_SIZE_M, num_warps, num_stages). The space is every distinct config of vLLM's H100 tuned
+  files for the dtype (``vllm_h100.py``: vLLM's exhaustive tuner picked each of them for some
+  (E, N, M)) plus vLLM's default for every M (``vllm_default``): vLLM's default and tuned
+  configs run in our kernel as candidates.
+- ``vendor`` (``grouped_mm``): ``torch._grouped_mm`` (bf16, sm90) over the expert-contiguous
+  layout, its permutation of the rows counted in its time.
+
+dtypes: bf16; fp8 (w8a8, per-tensor activation scale and per-expert weight scale); fp16/fp32 only
+for the Triton CPU interpreter tests (they compute garbage for bf16/fp8 dots).
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, fields
+from typing import ClassVar, Union
+
+from gemm_costmodel.kernels.gemm_configs import ARCHS, PARAM_NAMES, ArchSpec, VendorConfig  # noqa: F401
+
+from ..space_common import check_dims, first_violation, param_arrays, parse_config_id, rules_mask, space_hash  # noqa: F401
+from . import routing as R
+from . import vllm_h100
+
+DTYPE_BYTES = {"bf16": 2, "fp8": 1, "fp16": 2, "fp32": 4}
+DTYPES = tuple(DTYPE_BYTES)
+STAGES = ("gate_up", "down")
+MAX_EXPERTS = 512
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One stage of an MoE layer: M tokens, top_k of E experts each, a GEMM of N x K weights per
+    expert (gate_up: N = 2 * intermediate, K = hidden; down: N = hidden, K = intermediate)."""
+
+    m: int
+    n: int
+    k: int
+    dtype: str
+    e: int
+    top_k: int
+    stage: str
+    routing: str = "balanced"
+    DTYPES: ClassVar[tuple] = DTYPES
+
+    def __post_init__(self):
+        check_dims(self, self.DTYPES)
+        for name in ("e", "top_k"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ValueError(f"{name} must be an int, got {type(v).__name__}")
+        if not 1 <= self.e <= MAX_EXPERTS:
+            raise ValueError(f"e must be in 1..{MAX_EXPERTS}, got {self.e}")
+        if not 1 <= self.top_k <= self.e:
+            raise ValueError(f"top_k must be in 1..e={self.e}, got {self.top_k}")
+        if self.stage not in STAGES:
+            raise ValueError(f"stage must be one of {', '.join(STAGES)}, got {self.stage!r}")
+        if self.stage == "gate_up" and self.n % 2:
+            raise ValueError(f"n must be even for stage gate_up (n = 2 * intermediate: gate and up), got {self.n}")
+        R.check_routing(self.routing)
+
+    @property
+    def key(self) -> str:
+        return f"{self.dtype}:{self.m}x{self.n}x{self.k}:e{self.e}k{self.top_k}:{self.stage}:{self.routing}"
+
+    @property
+    def pairs(self) -> int:
+        """Token-expert pairs: the rows the grouped GEMM computes before padding."""
+        return self.m * self.top_k
+
+    def counts(self):
+        """Tokens per expert (E,) of this problem's routing."""
+        return R.expert_counts(self.routing, self.m, self.e, self.top_k)
+
+
+@dataclass(frozen=True)
+class MoeTiledConfig:
+    """vLLM's fused_moe kernel: programs over (BLOCK_SIZE_M rows of one expert's sorted pairs) x
+    (BLOCK_SIZE_N weight rows), grouped order; the fields are vLLM's JSON keys."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+    variant: ClassVar[str] = "tiled"
+
+    @property
+    def id(self) -> str:
+        return (f"moe_m{self.block_m}n{self.block_n}k{self.block_k}"
+                f"_g{self.group_m}_w{self.num_warps}s{self.num_stages}")
+
+
+VENDOR = VendorConfig("grouped_mm")
+MoeConfig = Union[MoeTiledConfig, VendorConfig]
+VARIANTS = {"tiled": MoeTiledConfig, "vendor": VendorConfig}
+_ID_RE = {"tiled": re.compile(r"^moe_m(\d+)n(\d+)k(\d+)_g(\d+)_w(\d+)s(\d+)$")}
+
+
+def config_from_id(cid: str) -> MoeConfig:
+    """Inverse of ``cfg.id``. Raises ValueError for an unknown id."""
+    if cid == VENDOR.id:
+        return VENDOR
+    return parse_config_id(cid, _ID_RE, VARIANTS)
+
+
+def config_params(cfg: MoeConfig) -> dict:
+    """Numeric parameters under the dense op's uniform names (PARAM_NAMES; 0 = n/a)."""
+    if isinstance(cfg, VendorConfig):
+        return {p: 0 for p in PARAM_NAMES}
+    names = {f.name for f in fields(cfg)}
+    out = {p: getattr(cfg, p) if p in names else 0 for p in PARAM_NAMES}
+    out["split_k"] = 1
+    return out
+
+
+# -- vLLM's configs ----------------------------------------------------------------------
+
+VLLM_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
+
+
+def vllm_default(m: int, e: int, dtype: str = "bf16") -> MoeTiledConfig:
+    """vLLM's ``get_default_config`` for M tokens and E experts (no tuned file; bf16, and fp8 w8a8
+    without a block shape): BLOCK_SIZE_M 16/32/64/128 for M <= 32/96/512/else, BLOCK_SIZE_N 64 if
+    M <= 64 else 128, BLOCK_SIZE_K 128 if fp8 or M <= 64 else 64, GROUP_SIZE_M 16 if M // E > 128
+    else 1, num_warps 4 if M <= 128 else 8, num_stages 4 if M <= 32 else 3."""
+    bm = 16 if m <= 32 else 32 if m <= 96 else 64 if m <= 512 else 128
+    return MoeTiledConfig(bm, 64 if m <= 64 else 128, 128 if (dtype == "fp8" or m <= 64) else 64,
+                          16 if m // e > 128 else 1, 4 if m <= 128 else 8, 4 if m <= 32 else 3)
+
+
+def from_vllm(entry: dict) -> MoeTiledConfig:
+    """The config of one vLLM JSON entry; ValueError naming a missing or unknown key."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"not a vLLM fused-MoE config entry: {entry!r}")
+    missing = [k for k in VLLM_KEYS if k not in entry]
+    # vLLM 0.33's files may carry extra keys it ignores at launch (e.g. SPLIT_K 1 in older files).
+    if missing:
+        raise ValueError(f"not a vLLM fused-MoE config entry: missing {missing}")
+    return MoeTiledConfig(*(int(entry[k]) for k in VLLM_KEYS))
+
+
+def to_vllm(cfg: MoeTiledConfig) -> dict:
+    """The vLLM JSON entry of a tiled config."""
+    return dict(zip(VLLM_KEYS, (cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_m, cfg.num_warps,
+                                cfg.num_stages)))
+
+
+# vLLM's defaults over its M grid and beyond, for E = 1 (the GROUP_SIZE_M 16 arm) and E >= 64.
+_DEFAULT_M = (1, 32, 33, 64, 65, 96, 97, 128, 129, 512, 513, 8192)
+
+
+def _enumerate(dtype: str) -> list[MoeTiledConfig]:
+    table = vllm_h100.FP8 if dtype == "fp8" else vllm_h100.BF16
+    dd = "fp8" if dtype == "fp8" else "bf16"
+    out = [vllm_default(m, e, dd) for m in _DEFAULT_M for e in (1, 64)]
+    out += [MoeTiledConfig(*t) for t in table]
+    return list(dict.fromkeys(out))
+
+
+# -- feasibility ---------------------------------------------------------------------------
+
+def smem_bytes(cfg: MoeConfig, dtype: str) -> int:
+    """Shared memory of the pipelined A and B tiles."""
+    if isinstance(cfg, VendorConfig):
+        return 0
+    return cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * DTYPE_BYTES[dtype]
+
+
+def static_feasible(cfg: MoeConfig, arch: ArchSpec, dtype: str) -> tuple[bool, str]:
+    """Problem-independent feasibility: shared memory, the vendor's dtype."""
+    if isinstance(cfg, VendorConfig):
+        if dtype != "bf16":
+            return False, "the vendor candidate (torch._grouped_mm) is bf16-only"
+        return True, ""
+    if smem_bytes(cfg, dtype) > arch.smem_per_block:
+        return False, f"shared memory {smem_bytes(cfg, dtype)} B > {arch.smem_per_block} B"
+    if dtype == "fp8" and cfg.block_k < 32:
+        return False, "fp8 dot needs block_k >= 32"
+    return True, ""
+
+
+def generate_configs(arch: str = "sm90", dtype: str = "bf16", include_vendor: bool = True) -> list[MoeConfig]:
+    """All statically feasible candidates for (arch, dtype), in a stable order (vLLM's defaults
+    first, the vendor last when ``include_vendor``)."""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; known: {sorted(ARCHS)}")
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {dtype!r}; known: {sorted(DTYPE_BYTES)}")
+    spec = ARCHS[arch]
+    # torch._grouped_mm's bf16 kernels are sm90 (CUTLASS grouped GEMM).
+    out = _enumerate(dtype) + ([VENDOR] if include_vendor and spec.name == "sm90" else [])
+    return [c for c in out if static_feasible(c, spec, dtype)[0]]
+
+
+# torch._grouped_mm needs 16-byte aligned rows of both operands (8 bf16).
+VENDOR_ALIGN = 8
+
+
+class ConfigArrays:
+    """A config list as numpy arrays (variant flags and PARAM_NAMES columns), for the rules."""
+
+    def __init__(self, configs):
+        import numpy as np
+
+        variants = np.array([c.variant for c in configs], dtype=object)
+        self.n = len(variants)
+        self.vendor = variants == "vendor"
+        self.params = param_arrays(configs, config_params, PARAM_NAMES)
+
+
+# (applies(problem), violated(arrays, problem), reason(problem, params)). The Triton kernel masks
+# every dimension: it runs any problem.
+PROBLEM_RULES = (
+    (lambda p: bool(p.k % VENDOR_ALIGN or p.n % VENDOR_ALIGN),
+     lambda a, p: a.vendor,
+     lambda p, c: f"torch._grouped_mm needs N and K divisible by {VENDOR_ALIGN} (16-byte rows)"),
+)
+
+
+def problem_mask(arrays: ConfigArrays, problem) -> "np.ndarray":
+    """Boolean array: which configs of ``arrays`` satisfy every per-problem rule."""
+    return rules_mask(PROBLEM_RULES, arrays, problem)
+
+
+def check_feasible(cfg: MoeConfig, problem: Problem, arch: str = "sm90") -> tuple[bool, str]:
+    """Whether cfg can run problem correctly on arch; returns (ok, reason)."""
+    ok, why = static_feasible(cfg, ARCHS[arch], problem.dtype)
+    if not ok:
+        return ok, why
+    why = first_violation(PROBLEM_RULES, ConfigArrays([cfg]), problem, config_params(cfg))
+    return (not why), why
+
+
+def feasible_configs(problem: Problem, arch: str = "sm90", include_vendor: bool = True) -> list[MoeConfig]:
+    """Candidates that can run ``problem`` on ``arch``."""
+    return [c for c in generate_configs(arch, problem.dtype, include_vendor) if check_feasible(c, problem, arch)[0]]
+
+
+# -- the fallback rule -----------------------------------------------------------------------
+
+def choose(m: int, n: int, k: int, sm_count: int, candidates: list[dict], e: int = 1, top_k: int = 1) -> int:
+    """The runtime's rule without a model: vLLM's default for (M, E), i.e. the index of the
+    candidate (dicts with 'variant' and PARAM_NAMES) nearest to it."""
+    if not candidates:
+        raise ValueError("no candidates to choose from")
+    want = config_params(vllm_default(m, e))
+
+    def dist(c: dict) -> float:
+        if c["variant"] != "tiled":
+            return 1e9
+        return sum(abs(math.log2(max(c[p], 1)) - math.log2(max(want[p], 1))) for p in PARAM_NAMES)
+
+    return min(range(len(candidates)), key=lambda i: (dist(candidates[i]), i))
