@@ -214,8 +214,9 @@ def test_layer_table_and_report(moe_op, vllm_dir):
     assert len(lay) == 3
     assert list(lay["n_pair"]) == ["192x128 / 128x96"] * 3
     # Whole-layer times by hand: gate_up + down of each method's picks.
-    assert lay.loc[1, ["model_us", "oracle_us", "vllm_default_us", "vllm_tuned_us"]].tolist() == [14.0, 13.0, 16.0, 15.0]
-    assert lay.loc[40, ["model_us", "oracle_us", "vllm_default_us", "vllm_tuned_us"]].tolist() == [29.0, 29.0, 32.0, 32.0]
+    cols = ["model_us", "oracle_us", "vllm_default_us", "vllm_tuned_us"]
+    assert lay.loc[1, cols].tolist() == [14.0, 13.0, 16.0, 15.0]
+    assert lay.loc[40, cols].tolist() == [29.0, 29.0, 32.0, 32.0]
     assert lay.loc[5000, ["model_us", "oracle_us", "vllm_default_us"]].tolist() == [150.0, 150.0, 160.0]
     # The best single config for both stages: X at M = 1 (9 + 5.5), B or D at 40, F at 5000.
     assert lay["oracle_one_config_us"].tolist() == [14.5, 32.0, 160.0]

@@ -102,6 +102,7 @@ def _check_align_invariants(ids, e, block_m):
     (5, 512, 4, 16, "real0"),         # E = 512
     (7, 512, 8, 64, "balanced"),
     (4500, 16, 2, 32, "real1"),       # 9000 pairs: several steps per chunk
+    (300, 512, 8, 16, "zipf"),        # 19 chunks of 512 experts: the scan takes two row tiles
 ])
 def test_align_equals_reference(m, e, top_k, block_m, routing):
     ids = torch.from_numpy(R.topk_ids(routing, m, e, top_k))
@@ -273,12 +274,13 @@ def test_check_operands_names_the_argument(change, match):
 
 def test_check_operands_fp8_and_down():
     x, w1, w2, tw, ids = _layer()
-    w8 = w1.to(torch.float8_e4m3fn)
-    assert "a_scale must be a float32 tensor of shape (1,)" in I.check_operands("gate_up", x.to(torch.float8_e4m3fn), w8, tw, ids)
-    assert I.check_operands("gate_up", x.to(torch.float8_e4m3fn), w8, tw, ids, torch.ones(1), torch.ones(4)) == ""
+    w8, x8, one = w1.to(torch.float8_e4m3fn), x.to(torch.float8_e4m3fn), torch.ones(1)
+    assert "a_scale must be a float32 tensor of shape (1,)" in I.check_operands("gate_up", x8, w8, tw, ids)
+    assert I.check_operands("gate_up", x8, w8, tw, ids, one, torch.ones(4)) == ""
+    assert I.check_operands("gate_up", x.to(torch.bfloat16), w8, tw, ids, one, torch.ones(4)) == ""
     assert "w_scale must be a float32 tensor of shape (4,)" in I.check_operands(
-        "gate_up", x.to(torch.float8_e4m3fn), w8, tw, ids, torch.ones(1), torch.ones(3))
-    assert "x must be float8_e4m3fn or bfloat16" in I.check_operands("gate_up", x, w8, tw, ids, torch.ones(1), torch.ones(4))
+        "gate_up", x8, w8, tw, ids, one, torch.ones(3))
+    assert "x must be float8_e4m3fn or bfloat16" in I.check_operands("gate_up", x, w8, tw, ids, one, torch.ones(4))
     h = torch.randn((8, 8), dtype=torch.float16)
     assert I.check_operands("down", h, w2, tw, ids) == ""
     assert "x must have M * top_k = 8 rows" in I.check_operands("down", h[:4], w2, tw, ids)
@@ -307,7 +309,8 @@ def test_fused_moe_raises_naming_the_argument():
     with pytest.raises(ValueError, match="w1_scale must be a float32 tensor of shape"):
         I.fused_moe(xb, w18, w28, tw, ids, cfg, cfg)
     with pytest.raises(ValueError, match="a1_scale must be a float32"):
-        I.fused_moe(x.to(torch.float8_e4m3fn), w18, w28, tw, ids, cfg, cfg, w1_scale=torch.ones(4), w2_scale=torch.ones(4))
+        I.fused_moe(x.to(torch.float8_e4m3fn), w18, w28, tw, ids, cfg, cfg, w1_scale=torch.ones(4),
+                    w2_scale=torch.ones(4))
     with pytest.raises(ValueError, match="top_k must be in 1..e"):
         S.Problem(4, 16, 16, "fp16", 4, 5, "gate_up")
 

@@ -69,6 +69,9 @@ def test_family_split():
         assert {s.family for s in ev} == {m.family for m in S.HELDOUT_MODELS}
         assert not {o.split("/")[0] for s in ev for o in s.origins} & set(S.TRAINING_FAMILIES)
         assert {s.family for s in S.vllm_suite(dtype)} <= set(S.TRAINING_FAMILIES)
+        # No held-out shape is measured for training under another family's name either.
+        assert not {s.key for s in ev} & {s.key for s in train}
+        assert not {s.key for s in ev} & {s.key for s in S.vllm_suite(dtype)}
         assert {s.family for s in S.gate_suite(dtype)} == {"gate"}
 
 
@@ -140,6 +143,10 @@ def test_suite_sizes():
     per_variant = 2 * (1 + 2 * (len(S.TRAIN_M) - 1))
     assert sizes["train"]["bf16"] == n_var * per_variant - sizes["vllm"]["bf16"]
     assert sizes["train"]["fp8"] == n_var * per_variant - sizes["vllm"]["fp8"]
+    # Every skewed routing at every M > 1 instead of one: 59 x 2 x (1 + 18 x 6) - 72.
+    full = S.training_suite("bf16", skewed=len(R.SKEWED))
+    assert len(full) == n_var * 2 * (1 + (len(S.TRAIN_M) - 1) * 6) - 72 == 12790
+    assert len(S.training_suite("bf16", skewed=0)) == n_var * 2 * len(S.TRAIN_M) - 72
     # eval: 8 families x (6 balanced + 2 zipf M) x 2 stages; vllm: 6 files x 6 M x 2 stages.
     assert sizes["eval"]["bf16"] == 8 * (6 + 2) * 2 and sizes["vllm"]["bf16"] == 6 * 6 * 2
 

@@ -226,3 +226,229 @@ def test_bad_inputs_exit_non_zero_with_one_line(tmp_path, models_dir, capsys, ca
     rc = cli_main(["export-vllm", *argv])
     assert_one_line_error(rc, capsys, *needles)
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+
+
+# -- the fused-MoE files (op moe) -------------------------------------------------------------
+
+from gemm_costmodel.kernels.moe import space as MS  # noqa: E402
+
+MOE_DIR = Path(__file__).resolve().parents[2] / "shared" / "external" / "vllm_fused_moe_configs"
+# vLLM's name of a fused-MoE config file (get_config_file_name; written independently of
+# V.MOE_FILE_NAME_RE): E, N, device, optional dtype, optional block shape.
+VLLM_MOE_NAME = re.compile(r"^E=(\d+),N=(\d+),device_name=([^,]+?)(?:,dtype=([^,]+?))?"
+                           r"(?:,block_shape=\[(\d+),\s*(\d+)\])?\.json$")
+# Mixtral-8x7B at TP2: E = 8, N = I = 7168, hidden 4096, top 2.
+MIX = V.MoeSpec(8, 7168, 4096, 2)
+A, B_, C = "moe_m16n64k128_g1_w4s4", "moe_m32n64k128_g1_w4s3", "moe_m64n128k64_g1_w4s3"
+
+
+def test_moe_file_name_is_vllms():
+    name = V.moe_file_name(8, 7168, GPU)
+    assert name == "E=8,N=7168,device_name=NVIDIA_H100_80GB_HBM3.json"
+    assert V.moe_file_name(8, 7168, GPU, "fp16") == name  # vLLM names no dtype for bf16 / fp16
+    fp8 = V.moe_file_name(64, 640, "NVIDIA H200", "fp8")
+    assert fp8 == "E=64,N=640,device_name=NVIDIA_H200,dtype=fp8_w8a8.json"
+    for n in (name, fp8):
+        mv, mo = VLLM_MOE_NAME.match(n), V.MOE_FILE_NAME_RE.match(n)
+        assert mv and mo and (mo.group("e"), mo.group("n"), mo.group("device"), mo.group("dtype")) == mv.groups()[:4]
+    with pytest.raises(ValueError, match="dtypes"):
+        V.moe_file_name(8, 7168, GPU, "int8")
+    files = sorted(MOE_DIR.glob("E=*.json")) if MOE_DIR.is_dir() else []
+    for p in files:  # every name vLLM ships parses the same way with both patterns
+        mv, mo = VLLM_MOE_NAME.match(p.name), V.MOE_FILE_NAME_RE.match(p.name)
+        assert mv and mo, p.name
+        assert (mo.group("e"), mo.group("n"), mo.group("device"), mo.group("dtype")) == mv.groups()[:4], p.name
+        assert bool(mo.group("block")) == bool(mv.group(5)), p.name
+        if not mv.group(4) and not mv.group(5) and "H100" in p.name:
+            assert V.moe_file_name(int(mv.group(1)), int(mv.group(2)), GPU) == p.name
+
+
+def test_moe_grid_is_vllms():
+    from gemm_costmodel.kernels.moe import suites
+
+    assert V.VLLM_M_GRID == suites.VLLM_M_GRID
+    files = [p for p in (sorted(MOE_DIR.glob("E=*NVIDIA_H100_80GB_HBM3.json")) if MOE_DIR.is_dir() else [])]
+    if not files:
+        pytest.skip("vLLM's fused-MoE files are not beside the repository")
+    grids = [[int(m) for m in json.loads(p.read_text()) if m.isdigit()] for p in files]
+    assert sum(g == list(V.VLLM_M_GRID) for g in grids) >= len(files) - 3  # all but E=1, E=32 (one key), E=64,N=1536
+
+
+class _MoeStub:
+    """A dispatcher whose 'model' ranks fixed lists per stage: {stage: [(candidate, predicted_us)]}."""
+
+    op = "moe"
+    space_arch = "sm90"
+    gpu_name = GPU
+
+    def __init__(self, ranked, source="model"):
+        self.ranked, self.source, self.calls = ranked, source, []
+
+    def rank(self, m, n, k, dtype="bf16", count=8, e=1, top_k=1, **fields):
+        self.calls.append(dict(m=m, n=n, k=k, dtype=dtype, count=count, e=e, top_k=top_k, **fields))
+        ranked = self.ranked[fields["stage"]]
+        return [Choice(c, self.source, t, None if t is None else float(t)) for c, t in ranked][:count]
+
+    def model_for(self, dtype):
+        return None
+
+
+def _load_moe(path) -> dict:
+    """vLLM's loader (keys converted to int)."""
+    with open(path, encoding="utf-8") as fh:
+        return {int(key): val for key, val in json.load(fh).items()}
+
+
+def test_moe_pick_minimises_the_layers_predicted_time(tmp_path):
+    # Alone, gate_up's best is A and down's best is C; for the layer B wins (2 + 1.5 < 1 + 4, 5 + 1).
+    d = _MoeStub({"gate_up": [(A, 1.0), ("grouped_mm", 0.5), (B_, 2.0), (C, 5.0)],
+                  "down": [(C, 1.0), (B_, 1.5), (A, 4.0), ("tiled_m128n128k64_g8_w4s3", 0.1)]})
+    cfg, source, detail = V.moe_pick(d, 16, MIX)
+    assert (cfg.id, source) == (B_, "model")
+    assert detail == {"combine": "latency", "predicted_us": {"gate_up": 2.0, "down": 1.5}}
+    # Both stages were ranked in full, with the stage's (N, K), E, top_k and balanced routing.
+    count = len(MS.generate_configs("sm90", "bf16"))
+    assert d.calls == [dict(m=16, n=14336, k=4096, dtype="bf16", count=count, e=8, top_k=2, stage="gate_up",
+                            routing="balanced"),
+                       dict(m=16, n=4096, k=7168, dtype="bf16", count=count, e=8, top_k=2, stage="down",
+                            routing="balanced")]
+    written = V.export_moe([MIX, (64, 640, 3584, 8)], str(tmp_path), dispatcher=d)
+    assert [p for p, _ in written] == [str(tmp_path / V.moe_file_name(8, 7168, GPU)),
+                                       str(tmp_path / V.moe_file_name(64, 640, GPU))]
+    path, table = written[0]
+    text = open(path, encoding="utf-8").read()
+    raw = json.loads(text)
+    assert text == json.dumps(raw, indent=4) + "\n"
+    assert list(raw) == [str(m) for m in V.VLLM_M_GRID]
+    for key, entry in raw.items():
+        assert list(entry) == VLLM_KEYS and all(type(v) is int for v in entry.values())
+        assert MS.from_vllm(entry).id == B_
+    assert table.counts() == {"model": 18, "rule": 0, "default": 0}
+    configs = _load_moe(path)
+    for m in (3, 20, 100, 5000):
+        assert configs[min(configs, key=lambda x: abs(x - m))] == raw[str(min(V.VLLM_M_GRID, key=lambda x: abs(x - m)))]
+    side = json.loads((tmp_path / V.SIDECAR).read_text())["files"][V.moe_file_name(8, 7168, GPU)]
+    assert {k: side[k] for k in ("op", "e", "n", "hidden", "top_k", "dtype", "routing", "model")} == \
+        {"op": "moe", "e": 8, "n": 7168, "hidden": 4096, "top_k": 2, "dtype": "bf16", "routing": "balanced",
+         "model": None}
+    assert "hidden size 4096 and top_k 2" in side["note"] and "E and N only" in side["note"]
+    assert side["m"]["16"] == {"candidate": B_, "source": "model", "combine": "latency",
+                               "predicted_us": {"gate_up": 2.0, "down": 1.5}}
+    line = V.summary_line(path, table)
+    assert "18 from the model" in line and "gate_up 14336x4096, down 4096x7168" in line and "top_k 2" in line
+
+
+def test_moe_pick_without_latencies_sums_ranking_positions():
+    # Positions: A 0 + 2, B 1 + 0, C 2 + 1: B.
+    d = _MoeStub({"gate_up": [(A, None), (B_, None), (C, None)], "down": [(B_, None), (C, None), (A, None)]})
+    cfg, source, detail = V.moe_pick(d, 64, MIX)
+    assert (cfg.id, source, detail) == (B_, "model", {"combine": "rank", "predicted_us": None})
+    # The fallback rule's one pick per stage: the gate_up pick wins a tie (0 + 1 = 1 + 0).
+    d = _MoeStub({"gate_up": [(A, None)], "down": [(C, None)]}, source="heuristic")
+    cfg, source, detail = V.moe_pick(d, 64, MIX)
+    assert (cfg.id, source, detail["combine"]) == (A, "rule", "rank")
+
+
+def test_moe_pick_without_a_tiled_config_is_vllms_default():
+    d = _MoeStub({"gate_up": [("grouped_mm", 1.0)], "down": [("grouped_mm", 1.0)]})
+    for m in (1, 33, 97, 513):
+        cfg, source, detail = V.moe_pick(d, m, MIX)
+        assert (cfg, source, detail["combine"]) == (MS.vllm_default(m, 8), "default", "none")
+    assert V.moe_pick(d, 97, MIX, "fp8")[0].id == "moe_m64n128k128_g1_w4s3"
+
+
+def test_moe_rank_without_stage_keywords():
+    class Old(_MoeStub):
+        def rank(self, m, n, k, dtype="bf16", count=8, e=1, top_k=1):
+            self.calls.append((m, n, k))
+            return [Choice(A, "model", 1.0)]
+
+    d = Old({})
+    assert V.moe_pick(d, 8, MIX)[0].id == A and d.calls == [(8, 14336, 4096), (8, 4096, 7168)]
+
+
+@pytest.mark.skipif("moe" not in __import__("gemm_costmodel.registry").registry.names(), reason="no moe op yet")
+def test_moe_export_with_the_real_dispatcher_and_no_model(tmp_path, models_dir):
+    written = V.export_moe([MIX], str(tmp_path), gpu_name=GPU, models_dir=models_dir)
+    (path, table), = written
+    raw = json.loads(open(path, encoding="utf-8").read())
+    assert table.counts()["model"] == 0
+    cfgs = set(MS.generate_configs("sm90", "bf16"))
+    for key, entry in raw.items():
+        cfg = MS.from_vllm(entry)
+        assert cfg in cfgs, (key, cfg.id)  # every exported config maps into our space
+        # Without a model, the fallback rule is vLLM's default (in our space: picked exactly).
+        assert table.picks[int(key)][1] in ("rule", "default")
+        assert cfg == MS.vllm_default(int(key), 8), key
+
+
+def test_moe_and_block_fp8_exports_share_the_sidecar(tmp_path, models_dir):
+    d = _MoeStub({"gate_up": [(A, 1.0)], "down": [(A, 1.0)]})
+    V.export_moe([MIX], str(tmp_path), dispatcher=d)
+    assert cli_main(["export-vllm", "--nk", "256,7168", "--models", models_dir, "--out", str(tmp_path)]) == 0
+    side = json.loads((tmp_path / V.SIDECAR).read_text())
+    assert set(side["files"]) == {V.moe_file_name(8, 7168, GPU), V.file_name(256, 7168, GPU)}
+    assert side["files"][V.file_name(256, 7168, GPU)]["op"] == "fp8_blockscale"
+
+
+@pytest.mark.parametrize("text, needle", [("8,7168,4096", "expected E,N,K,TOPK"), ("8x7168x4096x2", "E,N,K,TOPK"),
+                                          ("8,7168,4096,0", "top_k must be a positive int"),
+                                          ("2,7168,4096,4", "top_k (4) must be <= E (2)"),
+                                          ("1024,64,64,2", "E must be <= 512")])
+def test_moe_spec_parsing(text, needle):
+    with pytest.raises(ValueError) as exc:
+        V.parse_moe_spec(text)
+    assert needle in str(exc.value) and repr(text) in str(exc.value)
+
+
+def test_moe_spec_ok_and_export_refusals(tmp_path):
+    assert V.parse_moe_spec(" 8, 7168,4096 ,2") == MIX
+    d = _MoeStub({"gate_up": [(A, 1.0)], "down": [(A, 1.0)]})
+    with pytest.raises(ValueError, match="E and N only"):
+        V.export_moe([MIX, (8, 7168, 5120, 2)], str(tmp_path), dispatcher=d)
+    with pytest.raises(ValueError, match="at least one"):
+        V.export_moe([], str(tmp_path), dispatcher=d)
+    with pytest.raises(ValueError, match="int8"):
+        V.export_moe([MIX], str(tmp_path), dtype="int8", dispatcher=d)
+    with pytest.raises(ValueError, match="no such directory"):
+        V.export_moe([MIX], str(tmp_path), models_dir=str(tmp_path / "missing"), dispatcher=d)
+    d.space_arch = None
+    with pytest.raises(ValueError, match="no moe candidate space"):
+        V.export_moe([MIX], str(tmp_path), dispatcher=d)
+    # The block-fp8 entry point refuses moe, naming the way to export it; the op check takes it.
+    V.check_op("moe")
+    with pytest.raises(ValueError, match="--moe E,N,K,TOPK"):
+        V.export([(64, 64)], str(tmp_path), op="moe")
+    assert not any(tmp_path.iterdir())
+
+
+def _cli_has_moe() -> bool:
+    from gemm_costmodel.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
+    return any("--moe" in a.option_strings for a in sub.choices["export-vllm"]._actions)
+
+
+def test_cli_export_vllm_op_moe(tmp_path, models_dir, capsys):
+    if not _cli_has_moe():
+        pytest.skip("the CLI has no export-vllm --moe yet")
+    out = tmp_path / "o"
+    argv = ["export-vllm", "--op", "moe", "--moe", "8,7168,4096,2", "--moe", "128,384,4096,8", "--models", models_dir,
+            "--out", str(out)]
+    assert cli_main(argv) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    names = [V.moe_file_name(8, 7168, GPU), V.moe_file_name(128, 384, GPU)]
+    assert [line.split(": ")[0] for line in lines] == [str(out / n) for n in names]
+    assert {p.name for p in out.iterdir()} == set(names) | {V.SIDECAR}
+    for name in names:
+        for key, entry in json.loads((out / name).read_text()).items():
+            assert list(entry) == VLLM_KEYS and MS.from_vllm(entry) in set(MS.generate_configs("sm90", "bf16"))
+    assert cli_main([*argv[:5], "--dtype", "fp8", "--models", models_dir, "--out", str(out)]) == 0
+    assert (out / V.moe_file_name(8, 7168, GPU, "fp8")).is_file()
+    capsys.readouterr()
+    for bad, needle in ((["--op", "moe", "--nk", "64,64"], "not --nk"), (["--op", "moe"], "--moe E,N,K,TOPK"),
+                        (["--moe", "8,7168,4096,2", "--nk", "64,64"], "for --op moe"),
+                        (["--op", "moe", "--moe", "8,7168"], "expected E,N,K,TOPK")):
+        rc = cli_main(["export-vllm", *bad, "--models", models_dir, "--out", str(tmp_path / "bad")])
+        assert_one_line_error(rc, capsys, needle)
+    assert not (tmp_path / "bad").exists()

@@ -78,10 +78,18 @@ def per_shape(ev: pd.DataFrame, score: np.ndarray) -> pd.DataFrame:
     tri = t[t["candidate"] != vendor]
     out["triton_pick_us"] = tri.groupby("sid")["p50_us"].first().reindex(out.index)
     out["triton_oracle_us"] = tri.groupby("sid")["p50_us"].min().reindex(out.index)
-    meta = ev.drop_duplicates("sid").set_index("sid")[["gpu_name", "dtype", "m", "n", "k", "family", "origins"]]
+    # An op without pinned E and top_k (MoE) also carries them and its extra fields (stage, routing).
+    spec = op_of(ev)
+    extra = [] if spec.fixed else [c for c in ("e", "top_k", *spec.extra_problem_fields()) if c in ev.columns]
+    meta = ev.drop_duplicates("sid").set_index("sid")[["gpu_name", "dtype", "m", "n", "k", "family", "origins",
+                                                       *extra]]
     out = out.join(meta)
     out["shape"] = (out["gpu_name"].astype(str) + ":" + out["dtype"].astype(str) + ":" + out["m"].astype(str) + "x"
                     + out["n"].astype(str) + "x" + out["k"].astype(str))
+    if extra:
+        out["shape"] += ":e" + out["e"].astype(str) + "k" + out["top_k"].astype(str)
+        for c in extra[2:]:
+            out["shape"] += ":" + out[c].astype(str)
     return out
 
 

@@ -361,3 +361,145 @@ def disable_unsure_mode() -> None:
     """Back to model decisions."""
     global _unsure
     _unsure = None
+
+
+# -- the fused MoE layer (op ``moe``) ------------------------------------------------------
+
+MOE_OP_NAME = "moe"
+_MOE_OP = registry.get(MOE_OP_NAME)
+MOE = _MOE_OP.impl_module()
+# The MoE dispatcher serves bf16 and fp8 models; fp16/fp32 (the CPU interpreter's stand-ins) are
+# decided as fp16, which has no model: the fallback rule (vLLM's default) decides.
+_MOE_DISPATCH_DTYPE = {"bf16": "bf16", "fp8": "fp8", "fp16": "fp16", "fp32": "fp16"}
+# Exact-hit tables in vLLM's fused-MoE format: {(E, N = intermediate, dtype): {M: config id}}.
+_moe_tables: dict[tuple[int, int, str], dict[int, str]] = {}
+_VLLM_MOE_DTYPES = {None: "bf16", "fp8_w8a8": "fp8", "float8": "fp8"}
+
+
+def load_vllm_moe_configs(folder: str, gpu_name: str | None = None) -> int:
+    """Load vLLM-format fused-MoE tuned files (``E=..,N=..,device_name=..[,dtype=..].json``) for
+    this GPU (default: the current CUDA device) as exact-hit tables: an M that is a key of the file
+    of (E, N, dtype) launches that entry's config for both stages, before any model decision
+    (vLLM's precedence; other M go to the model, not to vLLM's nearest key). Files of other GPUs,
+    block-scaled or int8 dtypes are skipped. Returns the number of tables loaded; ValueError naming
+    the file for an entry that is not a vLLM config or not in this op's space."""
+    import re
+
+    from gemm_costmodel.kernels.moe import space as MS
+    from gemm_costmodel.serving.runtime import current_gpu_name
+
+    gpu = gpu_name or current_gpu_name()
+    if gpu is None:
+        raise ValueError("no CUDA device: name the GPU (gpu_name=) whose files to load")
+    want = gpu.replace(" ", "_")
+    loaded = 0
+    for name in sorted(os.listdir(folder)):
+        mt = re.match(MS.VLLM_FILE_NAME_RE, name)
+        if not mt or mt.group("device") != want or mt.group("block") or mt.group("dtype") not in _VLLM_MOE_DTYPES:
+            continue
+        dt = _VLLM_MOE_DTYPES[mt.group("dtype")]
+        with open(os.path.join(folder, name), encoding="utf-8") as fh:
+            body = json.load(fh)
+        table = {}
+        for m, entry in body.items():
+            if not str(m).isdigit():
+                continue  # vLLM files may carry metadata keys (triton_version)
+            try:
+                cfg = MS.from_vllm(entry)
+            except ValueError as exc:
+                raise ValueError(f"{name}: M={m}: {exc}") from None
+            if cfg not in MS.generate_configs("sm90", dt):
+                raise ValueError(f"{name}: M={m}: {cfg.id} is not in the moe space for {dt}")
+            table[int(m)] = cfg.id
+        _moe_tables[(int(mt.group("e")), int(mt.group("n")), dt)] = table
+        loaded += 1
+    return loaded
+
+
+def clear_vllm_moe_configs() -> None:
+    _moe_tables.clear()
+
+
+def _moe_dims(x, w1, w2, topk_ids) -> tuple[int, int, int, int, int, str]:
+    """(M, hidden, intermediate, E, top_k, dtype name) of checked operands."""
+    m, hidden = x.shape
+    e, n1, _ = w1.shape
+    return m, hidden, n1 // 2, e, topk_ids.shape[1], MOE.DTYPE_NAMES[w1.dtype]
+
+
+def choose_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+               topk_ids: torch.Tensor, routing: str = "balanced") -> tuple[str, str]:
+    """(gate_up config id, down config id) ``fused_moe`` would launch (validates the operands).
+
+    The decision reads host-side shapes only (M, hidden, intermediate, E, top_k, dtype): an exact
+    M hit in a loaded vLLM table wins (one config for both stages, as vLLM runs it); else the
+    model ranks each stage's candidates for the routing named here (default 'balanced': during
+    CUDA-graph capture the expert histogram exists only on the GPU, so it is never read)."""
+    msg = MOE.check_layer(x, w1, w2, topk_weights, topk_ids)
+    if msg:
+        raise ValueError(msg)
+    return _choose_moe(x, w1, w2, topk_ids, routing)
+
+
+def _choose_moe(x, w1, w2, topk_ids, routing) -> tuple[str, str]:
+    m, hidden, inter, e, top_k, dt = _moe_dims(x, w1, w2, topk_ids)
+    hit = _moe_tables.get((e, inter, dt), {}).get(m)
+    if hit is not None:
+        return hit, hit
+    d = dispatcher(MOE_OP_NAME)
+    ddt = _MOE_DISPATCH_DTYPE[dt]
+    up = d.select(m, 2 * inter, hidden, ddt, e, top_k, stage="gate_up", routing=routing).candidate
+    down = d.select(m, hidden, inter, ddt, e, top_k, stage="down", routing=routing).candidate
+    return up, down
+
+
+def _fused_moe(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale, routing):
+    # Validated once per call (here), not again by impl.fused_moe.
+    msg = MOE.check_layer(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale)
+    if msg:
+        raise ValueError(msg)
+    up, down = _choose_moe(x, w1, w2, topk_ids, routing)
+    return MOE.fused_moe(x, w1, w2, topk_weights, topk_ids, _config(up, MOE_OP_NAME), _config(down, MOE_OP_NAME),
+                         w1_scale=w1_scale, w2_scale=w2_scale, a1_scale=a1_scale, a2_scale=a2_scale, check=False)
+
+
+@torch.library.custom_op("gemm_costmodel::fused_moe", mutates_args=())
+def _fused_moe_op(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                  topk_ids: torch.Tensor, w1_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
+                  a1_scale: torch.Tensor | None = None, a2_scale: torch.Tensor | None = None,
+                  routing: str = "balanced") -> torch.Tensor:
+    return _fused_moe(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale, routing)
+
+
+@_fused_moe_op.register_fake
+def _(x, w1, w2, topk_weights, topk_ids, w1_scale=None, w2_scale=None, a1_scale=None, a2_scale=None,
+      routing="balanced"):
+    if x.dim() != 2 or w1.dim() != 3 or w2.dim() != 3:
+        raise ValueError("x must be 2-D (M, hidden), w1 and w2 3-D (E, 2I, hidden), (E, hidden, I)")
+    if w1.dtype not in MOE.DTYPE_NAMES:
+        raise ValueError(f"w1 must be bfloat16 or float8_e4m3fn (fp16/fp32 for the CPU interpreter), got {w1.dtype}")
+    return x.new_empty((x.shape[0], w1.shape[2]), dtype=MOE.OUT_TORCH_DTYPES[MOE.DTYPE_NAMES[w1.dtype]])
+
+
+def fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor, *, w1_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
+              a1_scale: torch.Tensor | None = None, a2_scale: torch.Tensor | None = None,
+              routing: str = "balanced") -> torch.Tensor:
+    """The MoE layer on the dispatched kernels (vLLM's ``fused_experts``):
+    y (M, hidden) = sum_j topk_weights[t, j] * (silu(x w1_e[:I].T) * (x w1_e[I:].T)) w2_e.T, e = topk_ids[t, j].
+
+    x (M, hidden) bf16 (or fp8 with a1_scale); w1 (E, 2I, hidden), w2 (E, hidden, I) bf16, or fp8
+    with per-expert fp32 scales w1_scale, w2_scale (E,) and optional static activation scales
+    a1_scale, a2_scale (1,) (dynamic per-tensor when None); topk_ids int32 (M, top_k),
+    topk_weights fp32 (M, top_k) (``route(router_logits, top_k)`` makes both). Each stage runs
+    its own dispatched config (``choose_moe``). ValueError naming the bad argument."""
+    if torch.compiler.is_compiling():
+        return torch.ops.gemm_costmodel.fused_moe(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale,
+                                                  a1_scale, a2_scale, routing)
+    return _fused_moe(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale, routing)
+
+
+def route(router_logits: torch.Tensor, top_k: int, renormalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(topk_weights fp32 (M, top_k), topk_ids int32 (M, top_k)) from router logits (M, E): softmax
+    over experts, the top_k largest, renormalised to sum 1 per token with ``renormalize``."""
+    return MOE.route(router_logits, top_k, renormalize)

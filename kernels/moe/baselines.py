@@ -127,12 +127,7 @@ def vllm_picks(frame, folder: str | None = None):
     for r in shapes.itertuples(index=False):
         gpu, dtype = str(r.gpu_name), str(r.dtype)
         if (gpu, dtype) not in tables:
-            try:
-                tables[(gpu, dtype)] = load_vllm_tables(folder, gpu, dtype)
-            except ValueError:
-                if dtype in ("bf16", "fp16", "fp8"):
-                    raise
-                tables[(gpu, dtype)] = {}
+            tables[(gpu, dtype)] = _tables(folder, gpu, dtype)
             arch = arch_of(gpu)
             spaces[(gpu, dtype)] = (set(space.generate_configs(arch, dtype, include_vendor=False))
                                     if arch in space.ARCHS else set())
@@ -143,14 +138,15 @@ def vllm_picks(frame, folder: str | None = None):
     return pd.concat([shapes, pd.DataFrame(rows, index=shapes.index)], axis=1)
 
 
+def _tables(folder, gpu: str, dtype: str) -> dict:
+    """load_vllm_tables, or {} for a dtype vLLM has no fused-MoE files for (fp32)."""
+    return load_vllm_tables(folder, gpu, dtype) if dtype in ("bf16", "fp16", "fp8") else {}
+
+
 def has_tables(frame, folder: str | None = None) -> bool:
-    for gpu, dtype in frame[["gpu_name", "dtype"]].astype(str).drop_duplicates().itertuples(index=False):
-        try:
-            if load_vllm_tables(folder, gpu, dtype):
-                return True
-        except ValueError:
-            continue
-    return False
+    """Whether vLLM's files exist for any (GPU, dtype) of the frame."""
+    pairs = frame[["gpu_name", "dtype"]].astype(str).drop_duplicates().itertuples(index=False)
+    return any(_tables(folder, gpu, dtype) for gpu, dtype in pairs)
 
 
 def scores(ev, train) -> dict:

@@ -65,7 +65,7 @@ _GEN_ELEMS = 1 << 26
 
 @triton.jit(do_not_specialize=["P", "CHUNK", "num_chunks"])
 def _align_count_kernel(ids_ptr, ws_ptr, meta_ptr, ntpp_ptr, cnt_ptr, P, CHUNK, num_chunks,
-                        E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, SUB: tl.constexpr):
+                        E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, SUB: tl.constexpr, ROWS: tl.constexpr):
     """Program c: per-expert counts of pairs [c * CHUNK, (c + 1) * CHUNK) into ws row c. The last
     program to arrive turns the rows into each chunk's first slot per expert (in place), and writes
     every expert's padded end and real end (meta) and the padded total (ntpp)."""
@@ -85,19 +85,24 @@ def _align_count_kernel(ids_ptr, ws_ptr, meta_ptr, ntpp_ptr, cnt_ptr, P, CHUNK, 
     arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
     if arrived == num_chunks - 1:
         tl.debug_barrier()
+        # ROWS chunk rows per load: a serial loop over rows would pay one load latency per chunk.
+        rr = tl.arange(0, ROWS)
         total = tl.zeros((E_PAD,), dtype=tl.int32)
-        for r in range(0, num_chunks):
-            total += tl.load(ws_ptr + r * E_PAD + cols, cache_modifier=".cg")
+        for r0 in range(0, num_chunks, ROWS):
+            rows = ws_ptr + (r0 + rr)[:, None] * E_PAD + cols[None, :]
+            total += tl.sum(tl.load(rows, mask=(r0 + rr < num_chunks)[:, None], other=0, cache_modifier=".cg"), 0)
         padded = (total + BLOCK_M - 1) // BLOCK_M * BLOCK_M  # 0 for an expert without pairs
         pad_end = tl.cumsum(padded, 0)
         running = pad_end - padded
         tl.store(meta_ptr + cols, pad_end)
         tl.store(meta_ptr + E_PAD + cols, running + total)
         tl.store(ntpp_ptr, tl.sum(padded, 0))
-        for r in range(0, num_chunks):
-            row = tl.load(ws_ptr + r * E_PAD + cols, cache_modifier=".cg")
-            tl.store(ws_ptr + r * E_PAD + cols, running)
-            running += row
+        for r0 in range(0, num_chunks, ROWS):
+            rows = ws_ptr + (r0 + rr)[:, None] * E_PAD + cols[None, :]
+            live = (r0 + rr < num_chunks)[:, None]
+            part = tl.load(rows, mask=live, other=0, cache_modifier=".cg")
+            tl.store(rows, running[None, :] + tl.cumsum(part, 0) - part, mask=live)
+            running += tl.sum(part, 0)
         # Zero again for the next launch (CUDA graphs replay with the same counter).
         tl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")
 
@@ -155,7 +160,10 @@ def _align_plan(pairs: int, num_experts: int):
     e_pad = max(16, triton.next_power_of_2(num_experts))
     chunk = _ALIGN_SUB * triton.cdiv(pairs, _ALIGN_SUB * _ALIGN_MAX_CHUNKS)
     tile = min(1024, max(64, 16384 // e_pad))  # the slot tile's (TILE, E_PAD) expert search
-    return e_pad, chunk, triton.cdiv(pairs, chunk), tile
+    n_chunks = triton.cdiv(pairs, chunk)
+    # Scan tile: <= 8K counts, fixed per E (one compiled variant for every M).
+    rows = min(triton.next_power_of_2(_ALIGN_MAX_CHUNKS), max(1, 8192 // e_pad))
+    return e_pad, chunk, n_chunks, tile, rows
 
 
 def align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
@@ -173,12 +181,12 @@ def align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     sorted_ids = torch.empty(max_padded, dtype=torch.int32, device=dev)
     expert_ids = torch.empty(max_padded // block_m, dtype=torch.int32, device=dev)
     ntpp = torch.empty(1, dtype=torch.int32, device=dev)
-    e_pad, chunk, n_chunks, tile = _align_plan(pairs, num_experts)
+    e_pad, chunk, n_chunks, tile, rows = _align_plan(pairs, num_experts)
     ws = torch.empty(n_chunks * e_pad, dtype=torch.int32, device=dev)
     meta = torch.empty(2 * e_pad, dtype=torch.int32, device=dev)
     cnt = zeroed_buffer("moe_align", dev, 1, torch.int32, 1)
     _align_count_kernel[(n_chunks,)](ids, ws, meta, ntpp, cnt, pairs, chunk, n_chunks,
-                                     E_PAD=e_pad, BLOCK_M=block_m, SUB=_ALIGN_SUB, num_warps=4)
+                                     E_PAD=e_pad, BLOCK_M=block_m, SUB=_ALIGN_SUB, ROWS=rows, num_warps=4)
     _align_place_kernel[(n_chunks + triton.cdiv(max_padded, tile),)](
         ids, ws, meta, ntpp, sorted_ids, expert_ids, pairs, chunk, n_chunks, max_padded,
         E_PAD=e_pad, BLOCK_M=block_m, SUB=_ALIGN_SUB, TILE=tile, num_warps=4)
@@ -293,7 +301,7 @@ def _combine_kernel(y_ptr, out_ptr, map_ptr, tw_ptr, H, stride_y, stride_out, TO
     tl.store(out_ptr + t * stride_out + cols, acc.to(out_ptr.dtype.element_ty), mask=m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _quant_fp8_kernel(x_ptr, y_ptr, s_ptr, n, BLOCK: tl.constexpr):
     """y = fp8(clamp(x / s)): IEEE division and round-to-nearest-even, as the torch reference."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -307,7 +315,8 @@ def _cols_block(n: int) -> int:
     return min(1024, max(16, triton.next_power_of_2(n)))
 
 
-def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None, dst_rows: torch.Tensor | None = None) -> torch.Tensor:
+def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None,
+                 dst_rows: torch.Tensor | None = None) -> torch.Tensor:
     """(R, 2I) -> (R, I) silu(gate) * up (rows may be strided); row r goes to out[dst_rows[r]]."""
     rows, two_i = x.shape
     i = two_i // 2
@@ -486,7 +495,8 @@ def check_operands(stage: str, x, w, topk_weights, topk_ids, a_scale=None, w_sca
     if x.dim() != 2:
         return f"{nm['x']} must be 2-D, got shape {tuple(x.shape)}"
     if topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
-        return f"{nm['topk_ids']} must be a 2-D (M, top_k) int32 or int64 tensor, got {topk_ids.dtype} {tuple(topk_ids.shape)}"
+        return (f"{nm['topk_ids']} must be a 2-D (M, top_k) int32 or int64 tensor, "
+                f"got {topk_ids.dtype} {tuple(topk_ids.shape)}")
     if topk_weights.dtype != torch.float32 or tuple(topk_weights.shape) != tuple(topk_ids.shape):
         return (f"{nm['topk_weights']} must be float32 of {nm['topk_ids']}'s shape {tuple(topk_ids.shape)}, "
                 f"got {topk_weights.dtype} {tuple(topk_weights.shape)}")
@@ -580,13 +590,12 @@ def random_weights(e: int, n: int, k: int, dtype: str, device, generator: torch.
     step = max(1, _GEN_ELEMS // (n * k))
     for i in range(0, e, step):
         j = min(e, i + step)
-        part = torch.randn((j - i, n, k), generator=generator, device=device, dtype=torch.float32) * k ** -0.5
-        if scales is None:
-            w[i:j] = part
-        else:
+        part = torch.randn((j - i, n, k), generator=generator, device=device, dtype=torch.float32).mul_(k ** -0.5)
+        if scales is not None:
             s = (part.abs().amax(dim=(1, 2)) / FP8_MAX).clamp_min(_SCALE_MIN)
             scales[i:j] = s
-            w[i:j] = (part / s[:, None, None]).clamp(-FP8_MAX, FP8_MAX)
+            part.div_(s[:, None, None]).clamp_(-FP8_MAX, FP8_MAX)
+        w[i:j] = part
         del part
     return w, scales
 
@@ -687,10 +696,10 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool = True):
     if not isinstance(router_logits, torch.Tensor) or router_logits.dim() != 2:
         raise ValueError("router_logits must be a 2-D (M, E) tensor")
     e = router_logits.shape[1]
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= e:
+    if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or not 1 <= top_k <= e:
         raise ValueError(f"top_k must be an int in 1..E = {e}, got {top_k!r}")
     p = torch.softmax(router_logits.float(), dim=-1)
-    w, ids = torch.topk(p, top_k, dim=-1)
+    w, ids = torch.topk(p, int(top_k), dim=-1)
     if renormalize:
         w = w / w.sum(dim=-1, keepdim=True)
     return w.contiguous(), ids.to(torch.int32).contiguous()
@@ -736,13 +745,14 @@ def check_layer(x, w1, w2, topk_weights, topk_ids, w1_scale=None, w2_scale=None,
 
 
 def fused_moe(x, w1, w2, topk_weights, topk_ids, cfg_up, cfg_down, *, w1_scale=None, w2_scale=None,
-              a1_scale=None, a2_scale=None, out=None) -> torch.Tensor:
+              a1_scale=None, a2_scale=None, out=None, check: bool = True) -> torch.Tensor:
     """The MoE layer: y (M, hidden) = sum_j topk_weights[t, j] * down_e(silu(gate_e(x)) * up_e(x)),
     e = topk_ids[t, j]; both stages on their configs. bf16 (fp16/fp32 in the interpreter), or fp8
     weights with per-expert scales: x fp8 with a1_scale, or bf16 quantised with a1_scale (or a
     dynamic per-tensor scale when None); the intermediate is quantised with a2_scale (dynamic when
     None). ValueError naming the argument on bad operands."""
-    _raise(check_layer(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale, out))
+    if check:  # check=False: the caller (the torch op) validated these operands already
+        _raise(check_layer(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale, out))
     fp8 = w1.dtype == torch.float8_e4m3fn
     if fp8 and a1_scale is None:
         a1_scale = dynamic_scale(x)

@@ -211,7 +211,8 @@ def generate_configs(arch: str = "sm90", dtype: str = "bf16", include_vendor: bo
     return [c for c in out if static_feasible(c, spec, dtype)[0]]
 
 
-# torch._grouped_mm needs 16-byte aligned rows of both operands (8 bf16).
+# torch._grouped_mm needs 16-byte row strides of both operands (K % 8 for bf16); its output's row
+# stride is N padded to 16 bytes, which impl reads through its stride, so N is free.
 VENDOR_ALIGN = 8
 
 
@@ -230,9 +231,9 @@ class ConfigArrays:
 # (applies(problem), violated(arrays, problem), reason(problem, params)). The Triton kernel masks
 # every dimension: it runs any problem.
 PROBLEM_RULES = (
-    (lambda p: bool(p.k % VENDOR_ALIGN or p.n % VENDOR_ALIGN),
+    (lambda p: bool(p.k % VENDOR_ALIGN),
      lambda a, p: a.vendor,
-     lambda p, c: f"torch._grouped_mm needs N and K divisible by {VENDOR_ALIGN} (16-byte rows)"),
+     lambda p, c: f"torch._grouped_mm needs K divisible by {VENDOR_ALIGN} (16-byte rows)"),
 )
 
 
@@ -270,3 +271,24 @@ def choose(m: int, n: int, k: int, sm_count: int, candidates: list[dict], e: int
         return sum(abs(math.log2(max(c[p], 1)) - math.log2(max(want[p], 1))) for p in PARAM_NAMES)
 
     return min(range(len(candidates)), key=lambda i: (dist(candidates[i]), i))
+
+
+# -- precompile (benchmarks/precompile.py asks the space module of a problem's op) -----------
+
+def specialisation(p: Problem) -> tuple:
+    """What Triton specialises on besides constexprs: divisibility by 16 of N, K, N/2 (the
+    intermediate of gate_up) and the expert stride N*K, and top_k == 1."""
+    half = p.n // 2 if p.stage == "gate_up" else p.n
+    return (p.dtype, p.stage, p.n % 16, p.k % 16, half % 16, (p.n * p.k) % 16, p.top_k == 1)
+
+
+def probe_problem(p: Problem) -> Problem:
+    """A tiny problem compiling to the same kernels as p: N congruent mod 32 (so N, N/2 and N*K
+    keep their divisibility), the same K, E (the align kernels compile per padded E), stage and
+    top_k."""
+    return Problem(3, 32 + p.n % 32, p.k, p.dtype, p.e, p.top_k, p.stage, "balanced")
+
+
+# vLLM's fused-MoE tuned file names: E={E},N={N},device_name={gpu}[,dtype={d}][,block_shape=[bn,bk]].json
+VLLM_FILE_NAME_RE = (r"^E=(?P<e>\d+),N=(?P<n>\d+),device_name=(?P<device>[^,/\\ ]+)"
+                     r"(?:,dtype=(?P<dtype>[A-Za-z0-9_]+))?(?:,block_shape=\[(?P<block>\d+,\s?\d+)\])?\.json$")

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# MoE data on a GPU machine whose calls last at most 10 minutes (issue 17): one driver process in
+# its own session runs, in order, the vendor probe, the correctness gate on odd shapes (bf16 and
+# fp8), the vLLM-tuned shapes and the held-out evaluation shapes (every candidate), then training
+# shards (a sample of candidates per shape); it outlives the call that started it, and each call
+# watches it for up to WAIT seconds and copies the gzipped shards to OUT. A fresh machine resumes
+# from the shards committed under datasets/raw/ and benchmarks/results/moe/.
+#
+#   benchmarks/device_moe.sh OUT WAIT [TRAIN_SHARDS]
+set -uo pipefail
+out="$1"; wait_s="$2"; train_shards="${3:-0/8}"
+run=/tmp/moe
+mkdir -p "$out" "$run"
+if ! kill -0 "$(cat "$run/pid" 2>/dev/null)" 2>/dev/null && [ ! -f "$run/done" ]; then
+    for f in datasets/raw/moe-*.jsonl.gz benchmarks/results/moe/*-shard*.jsonl.gz; do
+        [ -f "$f" ] || continue
+        b=$(basename "${f%.gz}")
+        [ -f "$run/$b" ] || gunzip -c "$f" >"$run/$b"
+    done
+    setsid nohup bash -c '
+        run='"$run"'
+        [ -s $run/probe.jsonl ] || python3 benchmarks/explore/moe_vendor_probe.py >$run/probe.jsonl 2>$run/probe.err
+        bench() { python3 -m gemm_costmodel.cli bench --op moe --out $run --quiet "$@"; }
+        # "done" only when every sweep finished: a failed one is resumed by the next call.
+        bench --suite gate --dtype bf16 fp8 --mode sample:40 --name gate-moe-h100 &&
+        bench --suite vllm --dtype bf16 --mode all --name moe-vllm-h100 &&
+        bench --suite eval --dtype bf16 --mode all --name moe-eval-h100 &&
+        for s in '"$train_shards"'; do bench --suite train --dtype bf16 --mode sample:24 --shard $s --name moe-train-h100 || exit 1; done &&
+        touch $run/done' >"$run/driver.out" 2>"$run/driver.err" &
+    echo $! >"$run/pid"
+fi
+start=$(date +%s)
+while :; do
+    alive=0; kill -0 "$(cat "$run/pid")" 2>/dev/null && alive=1
+    counts=$(for f in "$run"/*.jsonl; do [ -f "$f" ] && printf "%s=%s " "$(basename "$f" .jsonl)" "$(wc -l <"$f")"; done)
+    echo "$(date +%T) alive=$alive $counts"
+    [ "$alive" = 0 ] && break
+    [ $(( $(date +%s) - start )) -ge "$wait_s" ] && break
+    sleep 20
+done
+for f in "$run"/*-shard*.jsonl; do [ -f "$f" ] && gzip -c "$f" >"$out/$(basename "$f").gz"; done
+cp "$run/probe.jsonl" "$out/" 2>/dev/null
+tar czf "$out/logs.tar.gz" -C "$run" $(cd "$run" && ls *.shapes.log driver.out driver.err probe.err 2>/dev/null) 2>/dev/null
+tail -n 30 "$run/driver.err"
+exit 0
