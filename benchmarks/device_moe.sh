@@ -19,7 +19,7 @@ if ! kill -0 "$(cat "$run/pid" 2>/dev/null)" 2>/dev/null && [ ! -f "$run/done" ]
     done
     setsid nohup bash -c '
         run='"$run"'
-        [ -s $run/probe.jsonl ] || python3 benchmarks/explore/moe_vendor_probe.py >$run/probe.jsonl 2>$run/probe.err
+        [ -s $run/probe.jsonl ] || [ -s benchmarks/results/moe/vendor_probe.jsonl ] || python3 benchmarks/explore/moe_vendor_probe.py >$run/probe.jsonl 2>$run/probe.err
         bench() { python3 -m gemm_costmodel.cli bench --op moe --out $run --quiet "$@"; }
         # "done" only when every sweep finished: a failed one is resumed by the next call.
         bench --suite gate --dtype bf16 fp8 --mode sample:40 --name gate-moe-h100 &&
@@ -39,7 +39,7 @@ while :; do
     sleep 20
 done
 for f in "$run"/*-shard*.jsonl; do [ -f "$f" ] && gzip -c "$f" >"$out/$(basename "$f").gz"; done
-cp "$run/probe.jsonl" "$out/" 2>/dev/null
+cp "$run/probe.jsonl" "$out/vendor_probe.jsonl" 2>/dev/null
 tar czf "$out/logs.tar.gz" -C "$run" $(cd "$run" && ls *.shapes.log driver.out driver.err probe.err 2>/dev/null) 2>/dev/null
 tail -n 30 "$run/driver.err"
 exit 0

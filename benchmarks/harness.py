@@ -265,6 +265,7 @@ def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all",
     """
     spec = registry.get(op)
     bounds = spec.impl_module().ERROR_BOUNDS
+    op_params = spec.space_module().config_params
     prov = dict(provenance or {})
     l2 = int(prov.get("l2_bytes") or 50 * 2**20)
     stats = SweepStats()
@@ -312,7 +313,8 @@ def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all",
             counts: Counter = Counter()
             for cfg in todo:
                 key = key_of(op, sh, cfg.id)
-                row = {**base, "candidate": cfg.id, "variant": cfg.variant, **config_params(cfg),
+                # The op's own parameter view (what its runtime candidate table computes features from).
+                row = {**base, "candidate": cfg.id, "variant": cfg.variant, **op_params(cfg),
                        "status": C.STATUS_OK, "rel_err": float("nan"), "p20_us": float("nan"),
                        "p50_us": float("nan"), "p80_us": float("nan"), "n_samples": 0, "n_inner": 0,
                        "stable": False, "error": ""}

@@ -276,10 +276,13 @@ def choose(m: int, n: int, k: int, sm_count: int, candidates: list[dict], e: int
 # -- precompile (benchmarks/precompile.py asks the space module of a problem's op) -----------
 
 def specialisation(p: Problem) -> tuple:
-    """What Triton specialises on besides constexprs: divisibility by 16 of N, K, N/2 (the
-    intermediate of gate_up) and the expert stride N*K, and top_k == 1."""
+    """What the kernels compile per, besides the config: divisibility by 16 of N, K, N/2 (the
+    intermediate of gate_up) and the expert stride N*K, top_k (a constexpr of the GEMM and the
+    combine), and the align kernels' padded expert count (a constexpr: on the H100 a shape whose E
+    differed from its probe's spent ~1 s per candidate compiling align in the measuring process)."""
     half = p.n // 2 if p.stage == "gate_up" else p.n
-    return (p.dtype, p.stage, p.n % 16, p.k % 16, half % 16, (p.n * p.k) % 16, p.top_k == 1)
+    e_pad = max(16, 1 << (p.e - 1).bit_length())
+    return (p.dtype, p.stage, p.n % 16, p.k % 16, half % 16, (p.n * p.k) % 16, p.top_k, e_pad)
 
 
 def probe_problem(p: Problem) -> Problem:
