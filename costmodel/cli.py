@@ -437,7 +437,7 @@ def cmd_select(args) -> int:
 
 
 def cmd_export_vllm(args) -> int:
-    """Write vLLM tuned-config files (w8a8 block fp8) from the dispatcher's picks."""
+    """Write vLLM tuned-config files (w8a8 block fp8, or fused MoE) from the dispatcher's picks."""
     import warnings
 
     from gemm_costmodel.learning import vllm_export as V
@@ -446,12 +446,25 @@ def cmd_export_vllm(args) -> int:
         warnings.simplefilter("always")
         try:
             V.check_op(args.op)
-            if not args.nk:
+            moe = args.op == "moe"
+            if moe and args.nk:
+                raise ValueError("--op moe takes --moe E,N,K,TOPK, not --nk")
+            if not moe and (args.moe or args.dtype):
+                raise ValueError(f"--moe and --dtype are for --op moe, not {args.op}")
+            if moe and not args.moe:
+                raise ValueError("give at least one --moe E,N,K,TOPK (experts, intermediate size N as in vLLM's file "
+                                 "name, hidden size K, experts per token), e.g. --moe 8,7168,4096,2")
+            if not moe and not args.nk:
                 raise ValueError("give at least one --nk N,K (the weight's N x K), e.g. --nk 5120,8960")
             if not args.out:
                 raise ValueError("give --out DIR, the folder for the vLLM files")
-            pairs = [V.parse_nk(t) for t in args.nk]
-            written = V.export(pairs, args.out, gpu_name=args.gpu, models_dir=args.models, op=args.op)
+            if moe:
+                specs = [V.parse_moe_spec(t) for t in args.moe]
+                written = V.export_moe(specs, args.out, gpu_name=args.gpu, models_dir=args.models,
+                                       dtype=args.dtype or "bf16")
+            else:
+                pairs = [V.parse_nk(t) for t in args.nk]
+                written = V.export(pairs, args.out, gpu_name=args.gpu, models_dir=args.models, op=args.op)
         except (OSError, ValueError) as exc:
             return _fail(str(exc))
     for w in caught:
@@ -584,10 +597,15 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--top", type=int, default=1, help="show the model's top k")
     q.set_defaults(func=cmd_select)
 
-    v = sub.add_parser("export-vllm", help="write vLLM tuned-config files (w8a8 block fp8) from the dispatcher's "
-                                           "picks, one per (N, K)")
-    v.add_argument("--op", default="fp8_blockscale", help="the op (export-vllm supports fp8_blockscale)")
+    v = sub.add_parser("export-vllm", help="write vLLM tuned-config files from the dispatcher's picks: w8a8 block "
+                                           "fp8 (one per --nk N,K) or fused MoE (--op moe, one per --moe E,N,K,TOPK)")
+    v.add_argument("--op", default="fp8_blockscale", help="the op (export-vllm supports fp8_blockscale, moe)")
     v.add_argument("--nk", action="append", default=[], metavar="N,K", help="a weight shape N,K (repeatable)")
+    v.add_argument("--moe", action="append", default=[], metavar="E,N,K,TOPK",
+                   help="--op moe: one MoE layer: experts per rank, intermediate size per shard (vLLM's N), hidden "
+                        "size, experts per token (repeatable; vLLM names its file by E and N only)")
+    v.add_argument("--dtype", default=None, choices=["bf16", "fp16", "fp8"],
+                   help="--op moe: activation dtype (default bf16; fp8 writes vLLM's dtype=fp8_w8a8 files)")
     v.add_argument("--gpu", default="NVIDIA H100 80GB HBM3", help="GPU name, as CUDA names it (default: H100 SXM)")
     v.add_argument("--models", default=None, help="model folder (default: the shipped models)")
     v.add_argument("--out", default=None, help="folder for the vLLM files")

@@ -534,7 +534,7 @@ class Dispatcher:
                 pass
             return hit
         key = (self.op, int(m), int(n), int(k), dtype, int(e), int(top_k), *extra)
-        choice = self._decide(*key[1:8], count=1, extra=extra)[0]
+        choice = self._decide(*key[1:7], count=1, extra=extra)[0]
         with self._lock:
             self._cache[key] = choice
             if len(self._cache) > self._cache_size:
