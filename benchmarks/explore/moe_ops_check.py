@@ -48,7 +48,7 @@ def main() -> int:
 
         tw, ids = ops.route(logits, top_k)
         ref = impl.moe_reference(x, w1, w2, tw, ids, **kw)
-        up, down = ops.choose_moe(x, w1, w2, tw, ids)
+        up, down = ops.choose_moe(x, w1, w2, tw, ids, **kw)
         eager = rel(layer(x, logits), ref)
         compiled = rel(torch.compile(layer, fullgraph=True)(x, logits), ref)
         g = torch.cuda.CUDAGraph()

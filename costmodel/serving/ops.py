@@ -428,14 +428,16 @@ def _moe_dims(x, w1, w2, topk_ids) -> tuple[int, int, int, int, int, str]:
 
 
 def choose_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-               topk_ids: torch.Tensor, routing: str = "balanced") -> tuple[str, str]:
+               topk_ids: torch.Tensor, routing: str = "balanced", *, w1_scale: torch.Tensor | None = None,
+               w2_scale: torch.Tensor | None = None, a1_scale: torch.Tensor | None = None,
+               a2_scale: torch.Tensor | None = None) -> tuple[str, str]:
     """(gate_up config id, down config id) ``fused_moe`` would launch (validates the operands).
 
     The decision reads host-side shapes only (M, hidden, intermediate, E, top_k, dtype): an exact
     M hit in a loaded vLLM table wins (one config for both stages, as vLLM runs it); else the
     model ranks each stage's candidates for the routing named here (default 'balanced': during
     CUDA-graph capture the expert histogram exists only on the GPU, so it is never read)."""
-    msg = MOE.check_layer(x, w1, w2, topk_weights, topk_ids)
+    msg = MOE.check_layer(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale)
     if msg:
         raise ValueError(msg)
     return _choose_moe(x, w1, w2, topk_ids, routing)
