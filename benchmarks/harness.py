@@ -351,6 +351,11 @@ def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all",
                 bar and bar.update(1)
                 if row["status"] == C.STATUS_CRASH:
                     raise RuntimeError(f"CUDA context lost at {cfg.id} on {sh.key}; rerun to resume")
+                # Each timed candidate's CUDA graph keeps its private pool (its scratch: an MoE stage
+                # holds a (M * top_k, N) buffer, 470 MB at M = 4096 x top-8 x 7168): within one shape of
+                # 200 candidates the H100's reserved memory reached 80 GB. Free them once more than
+                # FREE_SLACK_BYTES sit cached; a no-op (no sync) below that.
+                free_device_memory(timer, device, force=False)
             stats.shapes += 1
             stats.measured += measured_here
             del ops, ref

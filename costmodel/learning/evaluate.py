@@ -23,8 +23,8 @@ from gemm_costmodel.util import geomean  # noqa: F401 - geomean is part of this 
 
 TOPK = (1, 2, 4, 8)
 MATCH_TOL = 1.02
-METHODS = ("model", "oracle", "cublas", "default", "vllm_tuned", "hand_heuristic", "best_static", "heuristic",
-           "nearest_neighbor")
+METHODS = ("model", "oracle", "cublas", "default", "vllm_default", "vllm_tuned", "hand_heuristic", "best_static",
+           "heuristic", "nearest_neighbor")
 
 
 def eval_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -143,12 +143,15 @@ def loss_breakdown(ps: pd.DataFrame) -> dict:
 def _fallback_rank(ev: pd.DataFrame) -> np.ndarray:
     """Heuristic pick first (0), everything else after (1): the rank when a baseline has no answer."""
     out = np.ones(len(ev))
-    choose = op_of(ev).fallback_rule()
+    spec = op_of(ev)
+    choose = spec.fallback_rule()
     for sid, g in ev.groupby("sid"):
         r = g.iloc[0]
         sm = hardware.spec_for(str(r["gpu_name"])).sm_count
         cands = g[["variant", *F.PARAMS]].astype({"variant": str}).to_dict("records")
-        out[g.index[choose(int(r["m"]), int(r["n"]), int(r["k"]), sm, cands)]] = 0
+        # An op without pinned E and top_k (MoE) passes them to its rule, as the runtime does.
+        kw = {} if spec.fixed else {"e": int(r["e"]), "top_k": int(r["top_k"])}
+        out[g.index[choose(int(r["m"]), int(r["n"]), int(r["k"]), sm, cands, **kw)]] = 0
     return out
 
 

@@ -51,7 +51,8 @@ def load_training_frame(paths=None, root: str = "datasets", dtypes=None, arch: s
         raise D.DataError(f"unknown GPU {unknown[0]!r} in the data: describe it with "
                           "gemm_costmodel.serving.hardware.register() or COSTMODEL_GPU_SPECS")
     # Categories of filtered-out values would linger in groupbys and tables.
-    return out.assign(**{c: out[c].astype(str) for c in ("dtype", "gpu_name", "variant", "family")}).reset_index(drop=True)
+    return out.assign(**{c: out[c].astype(str) for c in ("dtype", "gpu_name", "variant", "family", "stage", "routing")}
+                      ).reset_index(drop=True)
 
 
 def train(df: pd.DataFrame, config: TrainConfig, log: Log = _print) -> CostModel:
