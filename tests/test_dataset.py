@@ -56,10 +56,21 @@ def test_committed_dataset_loads_typed_and_valid():
     # Every row has provenance.
     for col in ("gpu_name", "gpu_uuid", "driver", "torch_version", "triton_version", "git_sha", "timestamp"):
         assert (df[col].astype(str).str.len() > 0).all(), col
-    # Training shapes come only from the named families.
-    fams = {o.split("/")[0] for s in df["origins"] for o in s.split(";")}
+    # Training shapes come only from the families each op's issue names; the MoE op's held-out
+    # families appear only in evaluation shapes (every candidate measured).
     from gemm_costmodel.data.shapes import TRAINING_FAMILIES
-    assert fams <= set(TRAINING_FAMILIES)
+    from gemm_costmodel.kernels.moe.suites import HELDOUT_FAMILIES as MOE_HELDOUT
+    from gemm_costmodel.kernels.moe.suites import TRAINING_FAMILIES as MOE_TRAINING
+
+    def fams(rows):
+        return {o.split("/")[0] for s in rows["origins"] for o in s.split(";")}
+
+    op = df["op"].astype(str)
+    assert fams(df[op != "moe"]) <= set(TRAINING_FAMILIES)
+    moe = df[op == "moe"]
+    assert fams(moe[~moe["eval_shape"]]) <= set(MOE_TRAINING)
+    assert fams(moe) <= set(MOE_TRAINING) | set(MOE_HELDOUT)
+    assert fams(moe[moe["eval_shape"]]) & set(MOE_HELDOUT)
 
 
 def test_dataset_files_under_50mb():

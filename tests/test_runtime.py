@@ -197,16 +197,19 @@ def test_dense_op_refuses_experts_naming_the_field(model_dir, kw, field):
 
 
 def test_unknown_op_names_the_known_ones():
-    with pytest.raises(ValueError, match=r"unknown op 'moe'; known ops: (.*, )?gemm(, |$)"):
-        Dispatcher(gpu_name=GPU, op="moe")
+    with pytest.raises(ValueError, match=r"unknown op 'no_such_op'; known ops: (.*, )?gemm(, |$)"):
+        Dispatcher(gpu_name=GPU, op="no_such_op")
 
 
 def test_tuned_table_of_another_op_never_answers(model_dir):
     cid = "tiled_m64n128k64_g8_w4s4"
     d = Dispatcher(gpu_name=GPU, models_dir=model_dir, tuned_table={"op": "gemm", "entries": {"fp16:64x4096x4096": cid}})
     assert d.select(64, 4096, 4096, "fp16") == Choice(cid, "table")
-    with pytest.raises(ValueError, match="unknown op 'moe'"):
-        d.add_tuned_table({"op": "moe", "entries": {"fp16:64x4096x4096": cid}})
+    with pytest.raises(ValueError, match="unknown op 'no_such_op'"):
+        d.add_tuned_table({"op": "no_such_op", "entries": {"fp16:64x4096x4096": cid}})
+    # Another registered op's table is stored under that op: the dense dispatcher never uses it.
+    d.add_tuned_table({"op": "fp8_blockscale", "entries": {"fp8:64x4096x4096": "bstiled_m64n128k128_g32_w4s2"}})
+    assert d.select(64, 4096, 4096, "fp8").source != "table"
 
 
 def test_infeasible_or_unknown_table_entries_are_ignored(model_dir):
