@@ -237,13 +237,17 @@ def _train_config(args):
     from gemm_costmodel import registry
     from gemm_costmodel.learning.model import TrainConfig
 
-    # The op's own defaults (registry ``train_defaults``) unless the command line says otherwise.
-    tol = getattr(args, "shortlist_tol", None)
-    if tol is None:
-        tol = registry.get(args.op).train_defaults.get("shortlist_tol", TrainConfig.shortlist_tol)
-    return TrainConfig(formulation=args.formulation, n_estimators=args.trees, max_depth=args.depth,
-                       learning_rate=args.eta, n_jobs=args.jobs, seed=args.seed, eval_weight=args.eval_weight,
-                       shortlist_tol=tol)
+    # The command line, else the op's own defaults (registry ``train_defaults``), else TrainConfig's.
+    own = registry.get(args.op).train_defaults
+
+    def pick(arg: str, field: str):
+        v = getattr(args, arg, None)
+        return v if v is not None else own.get(field, getattr(TrainConfig, field))
+
+    return TrainConfig(formulation=pick("formulation", "formulation"), n_estimators=pick("trees", "n_estimators"),
+                       max_depth=pick("depth", "max_depth"), learning_rate=pick("eta", "learning_rate"),
+                       n_jobs=args.jobs, seed=args.seed, eval_weight=pick("eval_weight", "eval_weight"),
+                       shortlist_tol=pick("shortlist_tol", "shortlist_tol"))
 
 
 def _load_frame(args):
@@ -490,12 +494,13 @@ def _model_args(p, report: bool = False, train: bool = False) -> None:
     p.add_argument("--dtype", nargs="+", default=None, choices=["bf16", "fp16", "fp8"], help="default: all")
     p.add_argument("--gpu", nargs="+", default=None, help="only rows of these GPU names (default: all)")
     p.add_argument("--arch", default="sm90")
-    p.add_argument("--formulation", default="rank", choices=["log_latency", "normalized", "rank"])
-    p.add_argument("--trees", type=int, default=100)
-    p.add_argument("--depth", type=int, default=6)
-    p.add_argument("--eval-weight", type=float, default=TrainConfig.eval_weight,
+    # None: the op's registry train_defaults, else TrainConfig's (rank, 100 trees, depth 6, eta 0.2).
+    p.add_argument("--formulation", default=None, choices=["log_latency", "normalized", "rank"])
+    p.add_argument("--trees", type=int, default=None)
+    p.add_argument("--depth", type=int, default=None)
+    p.add_argument("--eval-weight", type=float, default=None,
                    help="weight of an evaluation shape (every candidate measured) vs a sampled one")
-    p.add_argument("--eta", type=float, default=0.2)
+    p.add_argument("--eta", type=float, default=None)
     p.add_argument("--shortlist-tol", type=float, default=None,
                    help="runtime shortlist: candidates within this factor of a training shape's best per M "
                         "bucket (0: score every candidate; default: the op's, 1.05 for gemm, 0 for fp8_blockscale)")
