@@ -290,6 +290,7 @@ class Dispatcher:
         self._op = registry.get(op)  # ValueError naming the known ops
         # Problem fields beyond (m, n, k, dtype, e, top_k), e.g. the MoE op's stage and routing.
         self._extra_names = self._op.extra_problem_fields()
+        self._extra_defaults: dict | None = None
         self.op = op
         self.threads = threads
         self.spec = hardware.lookup(self.gpu_name)
@@ -487,10 +488,13 @@ class Dispatcher:
                              + (f" (its extra fields: {', '.join(names)})" if names else ""))
         if not names:
             return ()
-        import dataclasses
+        defaults = self._extra_defaults
+        if defaults is None:  # once per dispatcher: the warm path stays a few dict lookups
+            import dataclasses
 
-        defaults = {f.name: f.default for f in dataclasses.fields(self._op.space_module().Problem)
-                    if f.default is not dataclasses.MISSING}
+            defaults = self._extra_defaults = {f.name: f.default for f in
+                                               dataclasses.fields(self._op.space_module().Problem)
+                                               if f.default is not dataclasses.MISSING}
         out = []
         for f in names:
             if f in fields:
@@ -510,8 +514,12 @@ class Dispatcher:
     def select(self, m: int, n: int, k: int, dtype: str = "bf16", e: int = 1, top_k: int = 1, **fields) -> Choice:
         """The candidate to launch for y (M, N) = x (M, K) @ w (N, K).T (for MoE, one stage:
         ``stage=`` 'gate_up' or 'down', optional ``routing=``). Cached; thread-safe."""
-        extra = self._extra(fields) if fields or self._extra_names else ()
-        key = (self.op, m, n, k, dtype, e, top_k, *extra)
+        if fields or self._extra_names:
+            extra = self._extra(fields)
+            key = (self.op, m, n, k, dtype, e, top_k) + extra
+        else:  # one-stage ops: the warm path is one tuple and one dict lookup
+            extra = ()
+            key = (self.op, m, n, k, dtype, e, top_k)
         try:
             hit = self._cache.get(key)
         except TypeError:  # an unhashable argument: check_problem names it below
