@@ -30,6 +30,8 @@ def _mode(name: str) -> str:
         return "variant:" + ",".join(LATER_VARIANTS)
     if name.startswith("fp8bs-train-"):
         return "sample:40"
+    if name.startswith("moe-train-"):
+        return "sample:24"
     return "sample:48" if name.startswith("train-") else "all"
 
 
@@ -39,7 +41,9 @@ def _stored(path):
     with gzip.open(path, "rt", encoding="utf-8") as fh:
         for line in fh:
             r = json.loads(line)
-            key = (r["dtype"], int(r["m"]), int(r["n"]), int(r["k"]))
+            # A problem's fields: (dtype, M, N, K), plus E, top_k, stage and routing for the MoE op.
+            key = (r["dtype"], int(r["m"]), int(r["n"]), int(r["k"]),
+                   *((int(r["e"]), int(r["top_k"]), r["stage"], r["routing"]) if r.get("stage") else ()))
             shapes[key].add(r["candidate"])
             if r["status"] != "ok":
                 failed[key].add(r["candidate"])
@@ -63,18 +67,20 @@ def test_rerun_of_committed_shard_measures_nothing_new(path):
     seed, spec = seeds.pop(), registry.get(ops.pop())
     later = LATER_VARIANTS if spec.name == "gemm" else ()
     partial = []
-    for (dtype, mm, n, k), have in shapes.items():
+    for key, have in shapes.items():
+        dtype, mm, n, k = key[:4]
+        fields = dict(zip(("e", "top_k", "stage", "routing"), key[4:]))
+        prob = spec.problem_of({"m": mm, "n": n, "k": k, "dtype": dtype, **fields})
         if shard[1] > 1:  # the foundation runs are a fixed suite, not a hash shard
-            assert H.in_shard(Shape(mm, n, k, dtype), shard), f"{name}: {dtype}:{mm}x{n}x{k} is not in {shard}"
-        prob = spec.problem(m=mm, n=n, k=k, dtype=dtype)
+            assert H.in_shard(prob if fields else Shape(mm, n, k, dtype), shard), f"{name}: {prob.key} is not in {shard}"
         want = {c.id for c in H.select_candidates(prob, _mode(name), seed, op=spec.name)}
         # A failed row of a candidate the space has since ruled out (the block-scale vendor
         # rule came from such rows) stays as the honest record; an ok row may not.
-        extra = have - want - failed[(dtype, mm, n, k)]
-        assert not extra, f"{name}: {dtype}:{mm}x{n}x{k} holds candidates a rerun would not select: {extra}"
+        extra = have - want - failed[key]
+        assert not extra, f"{name}: {prob.key} holds candidates a rerun would not select: {extra}"
         missing = {c for c in want - have if spec.config_from_id(c).variant not in later}
         if missing:
-            partial.append((dtype, mm, n, k))
+            partial.append(key)
     # Only the shape in flight when a sweep was stopped may be incomplete; a rerun
     # measures its missing candidates and nothing else.
     assert len(partial) <= 1, f"{name}: {len(partial)} partial shapes"
