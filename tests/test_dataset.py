@@ -438,3 +438,28 @@ def test_out_of_memory_row_measured_again_by_the_same_sweep_keeps_the_evaluation
     assert demoted == [("NVIDIA H100 80GB HBM3", "bf16", 16, 64, 64)]
     assert demoted_df.loc[rows["m"] == 8, "eval_shape"].all()
     assert not demoted_df.loc[rows["m"] == 16, "eval_shape"].any()
+
+
+def test_harness_rows_of_other_ops_get_their_ops_own_parameters(tmp_path):
+    """Rows written through the dense op's parameter view (before the harness used each op's own)
+    load with the op's view, the one its runtime computes features from."""
+    bs = dict(op="fp8_blockscale", dtype="fp8", m=16, n=576, k=7168)
+    rows = [
+        good_row(**bs, candidate="bstiled_m64n128k128_g32_w4s2", block_m=64, block_n=128, block_k=128, group_m=32,
+                 split_k=0, num_warps=4, num_stages=2),
+        good_row(**bs, candidate="bssplitk_m16n64k128_s4_w4s3", variant="splitk", block_m=16, block_n=64,
+                 block_k=128, group_m=0, split_k=4, num_warps=4, num_stages=3),
+        good_row(op="moe", dtype="bf16", m=16, n=1536, k=2048, e=128, top_k=8, stage="gate_up", routing="zipf",
+                 candidate="moe_m16n64k128_g1_w4s4", block_m=16, block_n=64, block_k=128, group_m=1, split_k=0,
+                 num_warps=4, num_stages=4),
+        # A dense row keeps what it says (and is checked against its id).
+        good_row(),
+    ]
+    df = D.read_file(write_jsonl(tmp_path / "r.jsonl.gz", rows)).set_index("candidate")
+    assert df.loc["bstiled_m64n128k128_g32_w4s2", "split_k"] == 1
+    assert df.loc["bssplitk_m16n64k128_s4_w4s3", "group_m"] == 1
+    assert df.loc["bssplitk_m16n64k128_s4_w4s3", "split_k"] == 4
+    assert df.loc["moe_m16n64k128_g1_w4s4", "split_k"] == 1
+    assert df.loc["tiled_m16n32k64_g8_w4s3", "group_m"] == 8
+    with pytest.raises(D.DataError, match="column 'split_k': 0 in row 0 disagrees"):
+        D.read_file(write_jsonl(tmp_path / "g.jsonl.gz", [good_row(split_k=0)]))

@@ -166,6 +166,7 @@ def validate(df: pd.DataFrame, name: str) -> pd.DataFrame:
             raise DataError(f"{name}: column {col!r}: unknown value {out.loc[bad, col].iloc[0]!r} "
                             f"(allowed: {', '.join(allowed)})")
     _check_times(out, name)
+    out = _repair_params(out)
     _check_params(out, name)
     return out
 
@@ -212,6 +213,50 @@ def _id_params(cid: str) -> dict | None:
     except ValueError:
         return None
     return {"variant": cfg.variant, **config_params(cfg)}
+
+
+@functools.lru_cache(maxsize=16384)
+def _op_id_params(op: str, cid: str) -> dict | None:
+    """{variant, *PARAM_COLS} of a config id in op's own space, None for an id it does not know."""
+    from gemm_costmodel import registry
+
+    try:
+        spec = registry.get(op)
+        cfg = spec.config_from_id(cid)
+    except ValueError:
+        return None
+    return {"variant": cfg.variant, **spec.space_module().config_params(cfg)}
+
+
+def _repair_params(out: pd.DataFrame) -> pd.DataFrame:
+    """Harness rows of ops other than gemm get their parameter columns from the candidate id in the
+    op's own space. Until the harness wrote each op's own view (config_params of its space), it wrote
+    the dense op's: fp8_blockscale rows carry split_k 0 on tiled configs and group_m 0 on split-K /
+    swap-AB configs where the op's runtime computes 1, and the features must be the runtime's."""
+    from gemm_costmodel import registry
+
+    sel = (out["source"] == "harness") & (out["op"] != "gemm") & out["op"].isin(registry.names())
+    if not sel.any():
+        return out
+    combos = out.loc[sel, ["op", "candidate"]].drop_duplicates()
+    rows = []
+    for op, cid in combos.itertuples(index=False):
+        want = _op_id_params(str(op), str(cid))
+        if want is not None:
+            rows.append({"op": op, "candidate": cid, **{c: want[c] for c in PARAM_COLS}})
+    if not rows:
+        return out
+    table = pd.DataFrame(rows).set_index(["op", "candidate"])
+    idx = pd.MultiIndex.from_frame(out.loc[sel, ["op", "candidate"]])
+    hit = idx.isin(table.index)
+    if not hit.any():
+        return out
+    out = out.copy()
+    where = np.flatnonzero(sel.to_numpy())[hit]
+    vals = table.loc[idx[hit]]
+    for c in PARAM_COLS:
+        out.iloc[where, out.columns.get_loc(c)] = vals[c].to_numpy(dtype=np.int64)
+    return out
 
 
 def _check_params(out: pd.DataFrame, name: str) -> None:
