@@ -1,0 +1,124 @@
+"""The MoE op's space, routings and features (torch-free) against known answers."""
+import glob
+import json
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gemm_costmodel.benchmarks import precompile
+from gemm_costmodel.kernels.moe import features as MF
+from gemm_costmodel.kernels.moe import routing as R
+from gemm_costmodel.kernels.moe import space as S
+from gemm_costmodel.kernels.moe import vllm_h100
+from gemm_costmodel.serving import features as F
+from gemm_costmodel.serving import hardware
+from gemm_costmodel.serving.candidates import table
+
+VLLM_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "external", "vllm_fused_moe_configs")
+
+
+@pytest.mark.skipif(not os.path.isdir(VLLM_DIR), reason="vLLM's tuned files are not beside the repository")
+def test_vllm_h100_tables_are_the_distinct_configs_of_vllms_files():
+    want = {"bf16": set(), "fp8": set()}
+    for path in glob.glob(os.path.join(VLLM_DIR, "*NVIDIA_H100_80GB_HBM3*.json")):
+        name = os.path.basename(path)
+        if "int8" in name or "block_shape" in name:
+            continue
+        dt = "fp8" if ("fp8" in name or "float8" in name) else "bf16"
+        for entry in json.load(open(path)).values():
+            if isinstance(entry, dict):
+                want[dt].add(tuple(entry[k] for k in S.VLLM_KEYS))
+    assert set(vllm_h100.BF16) == want["bf16"] and len(want["bf16"]) == 206
+    assert set(vllm_h100.FP8) == want["fp8"] and len(want["fp8"]) == 129
+
+
+def test_space_holds_vllms_defaults_and_feasible_tuned_picks():
+    ids = {c.id for c in S.generate_configs("sm90", "bf16")}
+    for m in (1, 32, 33, 64, 65, 96, 97, 512, 513, 4096):
+        for e in (1, 8, 64, 512):
+            assert S.vllm_default(m, e).id in ids
+    # vLLM's get_default_config (its README): M = 1, 33, 97, 513 with E = 8.
+    assert S.vllm_default(1, 8) == S.MoeTiledConfig(16, 64, 128, 1, 4, 4)
+    assert S.vllm_default(33, 8) == S.MoeTiledConfig(32, 64, 128, 1, 4, 3)
+    assert S.vllm_default(97, 8) == S.MoeTiledConfig(64, 128, 64, 1, 4, 3)
+    assert S.vllm_default(513, 8) == S.MoeTiledConfig(128, 128, 64, 1, 8, 3)
+    assert S.vllm_default(2048, 8).group_m == 16 and S.vllm_default(2048, 16).group_m == 1
+    assert S.vllm_default(97, 8, "fp8").block_k == 128
+    out = [t for t in vllm_h100.BF16 if S.MoeTiledConfig(*t).id not in ids]
+    assert len(out) == 5 and all(S.smem_bytes(S.MoeTiledConfig(*t), "bf16") > 232448 for t in out)
+    assert "grouped_mm" in ids and "grouped_mm" not in {c.id for c in S.generate_configs("sm90", "fp8")}
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(e=0), "e must be in 1..512"), (dict(e=513), "e must be in 1..512"),
+    (dict(top_k=9), "top_k must be in 1..e=8"), (dict(stage="up"), "stage must be one of"),
+    (dict(n=1001), "n must be even for stage gate_up"), (dict(routing="uniform"), "routing must be one of"),
+    (dict(m=0), "m must be >= 1"), (dict(dtype="int8"), "dtype must be one of"),
+])
+def test_problem_names_the_bad_field(kw, match):
+    args = dict(m=4, n=1000, k=64, dtype="bf16", e=8, top_k=2, stage="gate_up", routing="balanced")
+    args.update(kw)
+    with pytest.raises(ValueError, match=match):
+        S.Problem(**args)
+
+
+def test_vendor_rule_needs_k_multiple_of_8():
+    p = S.Problem(4, 1000, 104, "bf16", 8, 2, "down")
+    assert S.check_feasible(S.VENDOR, p) == (True, "")
+    ok, why = S.check_feasible(S.VENDOR, S.Problem(4, 1000, 101, "bf16", 8, 2, "down"))
+    assert not ok and "K divisible by 8" in why
+
+
+def test_routings_are_deterministic_distinct_and_hand_checked():
+    ids = R.topk_ids("balanced", 3, 4, 2)
+    assert ids.tolist() == [[0, 1], [2, 3], [0, 1]]
+    assert R.expert_counts("balanced", 1000, 64, 6).tolist() == [94] * 48 + [93] * 16
+    for ro in R.ROUTINGS:
+        a = R.topk_ids(ro, 257, 16, 4)
+        assert (np.sort(a, axis=1)[:, 1:] != np.sort(a, axis=1)[:, :-1]).all()  # distinct experts per token
+        assert (a == R.topk_ids(ro, 257, 16, 4)).all() and a.min() >= 0 and a.max() < 16
+    c = R.expert_counts("hot", 4096, 64, 2)
+    assert np.sort(c)[-4:].min() > 5 * np.median(c)  # 4 experts 16x as likely
+    assert R.m_tiles([0, 1, 16, 17], 16) == 0 + 1 + 1 + 2
+    assert R.stats([0, 2, 6]) == {"tpe_mean": 8 / 3, "tpe_max": 6, "active_experts": 2, "imbalance": 6 / (8 / 3)}
+
+
+def test_precompile_specialises_on_padded_experts_and_top_k():
+    a = S.Problem(64, 400, 1000, "bf16", 64, 6, "gate_up", "zipf")
+    b = S.Problem(64, 208, 200, "bf16", 512, 10, "gate_up", "zipf")
+    c = S.Problem(64, 400, 1000, "bf16", 60, 6, "gate_up", "balanced")
+    assert precompile.specialisation(a) != precompile.specialisation(b)
+    assert precompile.specialisation(a) == precompile.specialisation(c)  # E 60 and 64 pad to 64
+    pr = precompile.probe(a)
+    assert (pr.m, pr.n % 32, pr.k, pr.e, pr.top_k, pr.stage) == (3, 400 % 32, 1000, 64, 6, "gate_up")
+    assert precompile.specialisation(pr) == precompile.specialisation(a)
+
+
+def test_features_training_equal_runtime_and_count_real_tiles():
+    """The same features from a dataset frame (training) and from the candidate table (runtime)."""
+    gpu = "NVIDIA H100 80GB HBM3"
+    m, n, k, e, top_k, stage, routing = 33, 2048, 1408, 64, 6, "down", "zipf"
+    ct = table("sm90", "bf16", "moe")
+    idx = np.arange(len(ct))
+    params = {p: ct.params[p][idx] for p in F.PARAMS}
+    cols = F.problem_columns(m, n, k, "bf16", hardware.spec_for(gpu), ct.variant_code[idx], params, e, top_k)
+    cols.update(MF.problem_inputs(m, e, top_k, stage, params["block_m"], routing))
+    runtime = F.compute(cols, "moe")
+    frame = pd.DataFrame({"op": "moe", "m": m, "n": n, "k": k, "e": e, "top_k": top_k, "stage": stage,
+                          "routing": routing, "dtype": "bf16", "gpu_name": gpu,
+                          "variant": [ct.variants[i] for i in idx],
+                          **{p: params[p].astype(np.int64) for p in F.PARAMS}})
+    training = F.from_frame(frame, hardware.spec_for)
+    assert runtime.shape == training.shape == (len(ct), len(F.feature_names("moe")))
+    np.testing.assert_array_equal(runtime, training)
+    # Real row tiles: sum over experts of ceil(count / BLOCK_M).
+    counts = R.expert_counts(routing, m, e, top_k)
+    j = F.feature_names("moe").index("tiles_real")
+    i16 = [i for i in idx if ct.variants[i] == "tiled" and params["block_m"][i] == 16][0]
+    assert runtime[i16, j] == sum(-(-c // 16) for c in counts)
+    iv = ct.index["grouped_mm"]
+    assert runtime[iv, j] == 0  # no tiles on the vendor row
+    with pytest.raises(ValueError, match="counts must be E=64"):
+        MF.problem_inputs(m, e, top_k, stage, params["block_m"], counts=[1, 2])
