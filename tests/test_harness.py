@@ -793,3 +793,34 @@ def test_shape_log_has_one_entry_per_shape_with_status_counts(tmp_path):
     assert [e["shape"] for e in stats.shape_log] == [f"{s.dtype}:{s.m}x{s.n}x{s.k}" for s in SHAPES]
     assert [e["rows"] for e in stats.shape_log] == [len(candidates(s)) for s in SHAPES]
     assert all(e["statuses"] == {"ok": e["rows"]} and e["memory"] is None for e in stats.shape_log)
+
+
+def test_moe_sweep_rows_carry_the_problem_and_resume_by_it(tmp_path):
+    """An MoE sweep (CPU interpreter, fp16): rows carry E, top_k, stage, routing and the routing's
+    statistics, the op's own parameters; two shapes differing only in routing are two problems,
+    and a rerun measures nothing new."""
+    from gemm_costmodel.data import dataset as D
+    from gemm_costmodel.kernels.moe import routing as R
+    from gemm_costmodel.kernels.moe.suites import MoeShape
+
+    shapes = [MoeShape(5, 64, 48, "fp16", 8, 2, "gate_up", ro, ("user/x",)) for ro in ("balanced", "hot")]
+    path = tmp_path / "moe.jsonl"
+    with ResultStore(path) as store:
+        stats = H.run_sweep(shapes, store, FakeTimer(), mode="sample:3", seed=SEED, device="cpu", op="moe",
+                            provenance=PROVENANCE, progress=False)
+    rows = read_rows([path])
+    assert stats.statuses == {"ok": 6} and len(rows) == 6
+    for r in rows:
+        counts = R.expert_counts(r["routing"], 5, 8, 2)
+        assert (r["op"], r["e"], r["top_k"], r["stage"]) == ("moe", 8, 2, "gate_up")
+        assert r["tpe_max"] == counts.max() and r["active_experts"] == (counts > 0).sum()
+        assert r["split_k"] == 1  # the op's own view (the dense one would say 0)
+        assert r["rel_err"] < 2e-3
+    assert {r["routing"] for r in rows} == {"balanced", "hot"}
+    assert len({row_key(r) for r in rows}) == 6
+    with ResultStore(path) as store:
+        again = H.run_sweep(shapes, store, FakeTimer(), mode="sample:3", seed=SEED, device="cpu", op="moe",
+                            provenance=PROVENANCE, progress=False)
+    assert again.measured == 0 and again.skipped == 6
+    df = D.read_file(str(path))
+    assert set(df["stage"]) == {"gate_up"} and df["tpe_max"].min() >= 2
