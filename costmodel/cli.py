@@ -434,7 +434,9 @@ def cmd_select(args) -> int:
         warnings.simplefilter("always")
         try:  # a bad --gpu or COSTMODEL_GPU_SPECS fails at construction, a bad problem at rank
             d = Dispatcher(gpu_name=args.gpu, models_dir=args.models, op=args.op)
-            choices = d.rank(args.m, args.n, args.k, args.dtype, count=args.top)
+            extra = {f: getattr(args, f) for f in ("stage", "routing") if getattr(args, f, None) is not None}
+            choices = d.rank(args.m, args.n, args.k, args.dtype, count=args.top, e=args.e, top_k=args.top_k,
+                             **extra)
         except ValueError as exc:
             return _fail(str(exc))
     for w in caught:
@@ -605,6 +607,11 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--gpu", default="NVIDIA H100 80GB HBM3", help="GPU name (default: H100 SXM)")
     q.add_argument("--models", default=None, help="model folder (default: the shipped models)")
     q.add_argument("--top", type=int, default=1, help="show the model's top k")
+    q.add_argument("--e", type=int, default=1, help="experts (--op moe)")
+    q.add_argument("--top-k", type=int, default=1, help="experts per token (--op moe)")
+    q.add_argument("--stage", default=None, choices=["gate_up", "down"],
+                   help="--op moe: the stage (gate_up: N = 2 x intermediate, K = hidden; down: N = hidden, K = intermediate)")
+    q.add_argument("--routing", default=None, help="--op moe: routing id (default balanced)")
     q.set_defaults(func=cmd_select)
 
     v = sub.add_parser("export-vllm", help="write vLLM tuned-config files from the dispatcher's picks: w8a8 block "

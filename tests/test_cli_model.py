@@ -330,3 +330,14 @@ def test_select_bad_gpu_specs_exits_2(capsys, monkeypatch, tmp_path, content, pr
     assert cli_main(["select", "16", "4096", "4096"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"costmodel: error: COSTMODEL_GPU_SPECS={path}: {problem}"), err
+
+
+def test_select_moe_stage_needs_its_fields(capsys):
+    assert cli_main(["select", "--op", "moe", "16", "1536", "2048", "--e", "128", "--top-k", "8",
+                     "--stage", "gate_up", "--routing", "zipf", "--top", "2"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and all(" moe_m" in ln and "source model" in ln for ln in lines)
+    assert cli_main(["select", "--op", "moe", "16", "1536", "2048", "--e", "128", "--top-k", "8"]) == 2
+    assert "needs the problem field 'stage'" in capsys.readouterr().err
+    assert cli_main(["select", "16", "1536", "2048", "--stage", "down"]) == 2
+    assert "op gemm has no problem field 'stage'" in capsys.readouterr().err
