@@ -6,12 +6,15 @@
 # watches it for up to WAIT seconds and copies the gzipped shards to OUT. A fresh machine resumes
 # from the shards committed under datasets/raw/ and benchmarks/results/moe/.
 #
-#   benchmarks/device_moe.sh OUT WAIT [TRAIN_SHARDS]
+#   benchmarks/device_moe.sh OUT WAIT [TRAIN_SHARDS] [DTYPE]
+# DTYPE (default bf16) names the sweeps' dtype: fp8 writes moe-*-fp8-h100 shards (w8a8, per-tensor
+# scales; the gate covers both dtypes either way).
 set -uo pipefail
-out="$1"; wait_s="$2"; train_shards="${3:-0/8}"
+out="$1"; wait_s="$2"; train_shards="${3:-0/8}"; dtype="${4:-bf16}"
+sfx=""; [ "$dtype" = bf16 ] || sfx="-$dtype"
 run=/tmp/moe
 mkdir -p "$out" "$run"
-if ! kill -0 "$(cat "$run/pid" 2>/dev/null)" 2>/dev/null && [ ! -f "$run/done" ]; then
+if ! kill -0 "$(cat "$run/pid" 2>/dev/null)" 2>/dev/null && [ ! -f "$run/done$sfx" ]; then
     for f in datasets/raw/moe-*.jsonl.gz benchmarks/results/moe/*-shard*.jsonl.gz; do
         [ -f "$f" ] || continue
         b=$(basename "${f%.gz}")
@@ -23,10 +26,10 @@ if ! kill -0 "$(cat "$run/pid" 2>/dev/null)" 2>/dev/null && [ ! -f "$run/done" ]
         bench() { python3 -m gemm_costmodel.cli bench --op moe --out $run --quiet "$@"; }
         # "done" only when every sweep finished: a failed one is resumed by the next call.
         bench --suite gate --dtype bf16 fp8 --mode sample:40 --name gate-moe-h100 &&
-        bench --suite vllm --dtype bf16 --mode all --name moe-vllm-h100 &&
-        bench --suite eval --dtype bf16 --mode all --name moe-eval-h100 &&
-        for s in '"$train_shards"'; do bench --suite train --dtype bf16 --mode sample:24 --shard $s --name moe-train-h100 || exit 1; done &&
-        touch $run/done' >"$run/driver.out" 2>"$run/driver.err" &
+        bench --suite vllm --dtype '"$dtype"' --mode all --name moe-vllm'"$sfx"'-h100 &&
+        bench --suite eval --dtype '"$dtype"' --mode all --name moe-eval'"$sfx"'-h100 &&
+        for s in '"$train_shards"'; do bench --suite train --dtype '"$dtype"' --mode sample:24 --shard $s --name moe-train'"$sfx"'-h100 || exit 1; done &&
+        touch $run/done'"$sfx"'' >"$run/driver.out" 2>"$run/driver.err" &
     echo $! >"$run/pid"
 fi
 start=$(date +%s)
