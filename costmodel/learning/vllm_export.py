@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass, field
 
 from gemm_costmodel import registry
+from gemm_costmodel.kernels.moe.space import VLLM_FILE_NAME_RE as VLLM_MOE_FILE_NAME
 
 # The ops whose kernel vLLM runs from such files.
 SUPPORTED_OPS = ("fp8_blockscale", "moe")
@@ -260,8 +261,8 @@ MOE_DTYPE_TAGS = {"bf16": None, "fp16": None, "fp8": "fp8_w8a8"}
 MOE_ROUTING = "balanced"
 # Any vLLM fused-MoE file name (the tuned files' folder also holds int8/fp8 block-scaled ones);
 # an exported name has no block_shape and a dtype part only for fp8.
-MOE_FILE_NAME_RE = re.compile(r"^E=(?P<e>\d+),N=(?P<n>\d+),device_name=(?P<device>[^,/\\ ]+)"
-                              r"(?:,dtype=(?P<dtype>[A-Za-z0-9_]+))?(?:,block_shape=\[(?P<block>\d+,\s?\d+)\])?\.json$")
+# One definition of it, in the op's torch-free space (the serving op reads the same files).
+MOE_FILE_NAME_RE = re.compile(VLLM_MOE_FILE_NAME)
 # How the pick of an M was combined over the two stages.
 COMBINE_LATENCY, COMBINE_RANK, COMBINE_NONE = "latency", "rank", "none"
 

@@ -393,6 +393,7 @@ def load_vllm_moe_configs(folder: str, gpu_name: str | None = None) -> int:
         raise ValueError("no CUDA device: name the GPU (gpu_name=) whose files to load")
     want = gpu.replace(" ", "_")
     loaded = 0
+    space_of: dict[str, set] = {}  # the space per dtype, built once per call
     for name in sorted(os.listdir(folder)):
         mt = re.match(MS.VLLM_FILE_NAME_RE, name)
         if not mt or mt.group("device") != want or mt.group("block") or mt.group("dtype") not in _VLLM_MOE_DTYPES:
@@ -408,7 +409,7 @@ def load_vllm_moe_configs(folder: str, gpu_name: str | None = None) -> int:
                 cfg = MS.from_vllm(entry)
             except ValueError as exc:
                 raise ValueError(f"{name}: M={m}: {exc}") from None
-            if cfg not in MS.generate_configs("sm90", dt):
+            if cfg not in space_of.setdefault(dt, set(MS.generate_configs("sm90", dt))):
                 raise ValueError(f"{name}: M={m}: {cfg.id} is not in the moe space for {dt}")
             table[int(m)] = cfg.id
         _moe_tables[(int(mt.group("e")), int(mt.group("n")), dt)] = table
