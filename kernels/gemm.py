@@ -12,6 +12,8 @@ Variants (configs in gemm_configs.py):
   tensor descriptors (Hopper). Needs 16-byte aligned rows.
 - swapab / swapab_tma: decode (M <= 64) kernels computing y.T = w @ x.T, so the
   weight rows fill the MMA's M side; in kernels/gemm_swapab.py.
+- gemv: M <= 4, CUDA-core dot products (no MMA) with an optional one-launch
+  split-K; in kernels/gemm_gemv.py.
 - vendor: torch.mm (cuBLAS) or torch._scaled_mm (fp8).
 
 ``launch(cfg, x, w, ...)`` runs any candidate on torch tensors. The helpers
@@ -27,13 +29,13 @@ import triton.language as tl
 
 # Launch dispatch goes to gemm_swapab for its configs; gemm_swapab and this module
 # take their shared helpers from common, so neither imports the other's helpers.
-from . import gemm_swapab
+from . import gemm_gemv, gemm_swapab
 # Re-exported: callers use them as gemm.<name> (launch_args, TORCH_DTYPES, ...).
 from .common import (DTYPE_NAMES, TORCH_DTYPES, _arrival_counters, _device_index,  # noqa: F401
                      _grouped_tile, _mainloop, _splitk_last_arrival, alloc_output, check_operands,
                      dtype_name, launch_args, num_sms, splitk_workspace, zeroed_buffer)
-from .gemm_configs import (DTYPE_BYTES, OUT_DTYPE, GemmConfig, PersistentConfig, SplitKConfig,  # noqa: F401
-                           SwapABConfig, TiledConfig, VendorConfig)
+from .gemm_configs import (DTYPE_BYTES, OUT_DTYPE, GemmConfig, GemvConfig, PersistentConfig,  # noqa: F401
+                           SplitKConfig, SwapABConfig, TiledConfig, VendorConfig)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -211,6 +213,8 @@ def launch(cfg: GemmConfig, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor 
         return launch_persistent(cfg, x, w, out, sa, sb, has_scale)
     if isinstance(cfg, SwapABConfig):
         return gemm_swapab.launch(cfg, x, w, out, scale_a, scale_b)
+    if isinstance(cfg, GemvConfig):
+        return gemm_gemv.launch(cfg, x, w, out, scale_a, scale_b)
     if isinstance(cfg, VendorConfig):
         if has_scale:
             # w.t() of a row-major (N, K) weight is the column-major B cuBLASLt wants.

@@ -131,6 +131,27 @@ class SwapABTmaConfig(SwapABConfig):
 
 
 @dataclass(frozen=True)
+class GemvConfig:
+    """Decode GEMV for M <= 4 (kernels/gemm_gemv.py): CUDA-core dot products, no MMA. A
+    program owns BLOCK_N weight rows and one of SPLIT_K slices of K and streams
+    (BLOCK_N, BLOCK_K) weight tiles; BLOCK_M is the token rows it computes (1, 2 or 4:
+    the power of two that covers M, tied to M by check_feasible)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int
+    num_warps: int
+    num_stages: int
+    variant: ClassVar[str] = "gemv"
+
+    @property
+    def id(self) -> str:
+        return (f"gemv_m{self.block_m}n{self.block_n}k{self.block_k}"
+                f"_s{self.split_k}_w{self.num_warps}s{self.num_stages}")
+
+
+@dataclass(frozen=True)
 class VendorConfig:
     """The vendor library: torch.mm (cuBLAS) or torch._scaled_mm for fp8."""
 
@@ -142,10 +163,11 @@ class VendorConfig:
         return self.library
 
 
-GemmConfig = Union[TiledConfig, SplitKConfig, PersistentConfig, SwapABConfig, SwapABTmaConfig, VendorConfig]
+GemmConfig = Union[TiledConfig, SplitKConfig, PersistentConfig, SwapABConfig, SwapABTmaConfig, GemvConfig,
+                   VendorConfig]
 VARIANTS = {c.variant: c for c in (TiledConfig, SplitKConfig, PersistentConfig, SwapABConfig, SwapABTmaConfig,
-                                   VendorConfig)}
-VARIANT_CODES = {"tiled": 0, "splitk": 1, "persistent": 2, "vendor": 3, "swapab": 4, "swapab_tma": 5}
+                                   GemvConfig, VendorConfig)}
+VARIANT_CODES = {"tiled": 0, "splitk": 1, "persistent": 2, "vendor": 3, "swapab": 4, "swapab_tma": 5, "gemv": 6}
 # Uniform numeric view of any config, used by features and data files.
 PARAM_NAMES = ("block_m", "block_n", "block_k", "group_m", "split_k", "num_warps", "num_stages")
 
@@ -155,6 +177,7 @@ _ID_RE = {
     "persistent": re.compile(r"^persistent_m(\d+)n(\d+)k(\d+)_g(\d+)_w(\d+)s(\d+)$"),
     "swapab": re.compile(r"^swapab_m(\d+)n(\d+)k(\d+)_s(\d+)_w(\d+)s(\d+)$"),
     "swapab_tma": re.compile(r"^swapabtma_m(\d+)n(\d+)k(\d+)_s(\d+)_w(\d+)s(\d+)$"),
+    "gemv": re.compile(r"^gemv_m(\d+)n(\d+)k(\d+)_s(\d+)_w(\d+)s(\d+)$"),
 }
 
 
@@ -171,7 +194,7 @@ def config_params(cfg: GemmConfig) -> dict:
     out = {p: getattr(cfg, p) if p in names else 0 for p in PARAM_NAMES}
     if isinstance(cfg, (TiledConfig, PersistentConfig)):
         out["split_k"] = 1
-    if isinstance(cfg, (SplitKConfig, SwapABConfig)):
+    if isinstance(cfg, (SplitKConfig, SwapABConfig, GemvConfig)):
         out["group_m"] = 1
     return out
 
@@ -181,6 +204,8 @@ def smem_bytes(cfg: GemmConfig, dtype: str) -> int:
     if isinstance(cfg, VendorConfig):
         return 0
     e = DTYPE_BYTES[dtype]
+    if isinstance(cfg, GemvConfig):
+        return 0  # registers only: the weight tiles are used once, straight from the loads
     total = cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * e
     if isinstance(cfg, PersistentConfig):
         total += cfg.block_m * cfg.block_n * DTYPE_BYTES[OUT_DTYPE[dtype]]
@@ -193,6 +218,8 @@ def static_feasible(cfg: GemmConfig, arch: ArchSpec, dtype: str) -> tuple[bool, 
         return True, ""
     if isinstance(cfg, (PersistentConfig, SwapABTmaConfig)) and not arch.has_tma:
         return False, f"{cfg.variant} (TMA) needs an arch with TMA"
+    if isinstance(cfg, GemvConfig):
+        return _gemv_static(cfg, arch, dtype)
     if smem_bytes(cfg, dtype) > arch.smem_per_block:
         return False, f"shared memory {smem_bytes(cfg, dtype)} B > {arch.smem_per_block} B"
     acc_per_thread = cfg.block_m * cfg.block_n // (cfg.num_warps * 32)
@@ -206,6 +233,17 @@ def static_feasible(cfg: GemmConfig, arch: ArchSpec, dtype: str) -> tuple[bool, 
     return True, ""
 
 
+def _gemv_static(cfg: GemvConfig, arch: ArchSpec, dtype: str) -> tuple[bool, str]:
+    # Each thread holds BLOCK_M x (its share of the BLOCK_N x BLOCK_K tile) fp32 accumulators
+    # until the final reduction, and should load at least one 16-byte vector of weight per step.
+    per_thread = cfg.block_n * cfg.block_k // (cfg.num_warps * 32)
+    if cfg.block_m * per_thread > arch.max_acc_per_thread:
+        return False, f"{cfg.block_m * per_thread} accumulator registers per thread would spill"
+    if per_thread * DTYPE_BYTES[dtype] < 16:
+        return False, f"{per_thread * DTYPE_BYTES[dtype]} weight bytes per thread per step < one 16-byte load"
+    return True, ""
+
+
 # The sm_90 search space. Chosen around the Hopper wgmma shapes: tiles of
 # 64/128 rows for compute-bound work, 16/32 rows for decode, split-K up to 16.
 # Swap-AB (decode only): 64 weight rows per tile (the wgmma M side); its token
@@ -214,6 +252,10 @@ def static_feasible(cfg: GemmConfig, arch: ArchSpec, dtype: str) -> tuple[bool, 
 # 128 weight rows, 8 tokens or BLOCK_K 64-only added < 0.1%.
 SWAPAB_TOKENS = (16, 32, 64)
 SWAPAB_MAX_M = SWAPAB_TOKENS[-1]
+# GEMV (M <= 4): token rows 1, 2 or 4; no software pipelining (num_stages 1): with no MMA the
+# loop's loads are not pipelined by Triton, and occupancy keeps enough bytes in flight.
+GEMV_ROWS = (1, 2, 4)
+GEMV_MAX_M = GEMV_ROWS[-1]
 _SPACE_SM90 = {
     "tiled": dict(block_m=(16, 32, 64, 128), block_n=(32, 64, 128, 256), block_k=(64, 128),
                   group_m=(8,), warps_stages=((4, 3), (4, 4), (8, 3), (8, 4))),
@@ -225,6 +267,8 @@ _SPACE_SM90 = {
                    warps_stages=((4, 3), (4, 4), (4, 6))),
     "swapab_tma": dict(block_m=SWAPAB_TOKENS, block_n=(64,), block_k=(64, 128, 256), split_k=(1, 2, 4, 8),
                        warps_stages=((4, 3), (4, 4), (4, 6))),
+    "gemv": dict(block_m=GEMV_ROWS, block_n=(4, 8, 16, 32), block_k=(256, 512, 1024), split_k=(1, 2, 4, 8, 16),
+                 warps_stages=((4, 1), (8, 1))),
 }
 
 
@@ -232,6 +276,11 @@ def swapab_tokens(m: int) -> int:
     """The swap-AB tile's token count for M: the smallest of SWAPAB_TOKENS >= M, so one
     tile column covers every token and the weight is read once."""
     return next((t for t in SWAPAB_TOKENS if t >= m), 0)
+
+
+def gemv_rows(m: int) -> int:
+    """The GEMV's token rows for M: the smallest of GEMV_ROWS >= M (0: M is too large)."""
+    return next((r for r in GEMV_ROWS if r >= m), 0)
 
 
 def _enumerate(variant: str, space: dict) -> Iterator[GemmConfig]:
@@ -279,9 +328,10 @@ class ConfigArrays:
         self.splitk = variants == "splitk"
         self.swapab_tma = variants == "swapab_tma"
         self.swapab = (variants == "swapab") | self.swapab_tma  # either swap-AB kernel
+        self.gemv = variants == "gemv"
         self.params = param_arrays(configs, config_params, PARAM_NAMES)
         # Problem-independent parts of the rules, computed once (the runtime applies them per decision).
-        self.split = self.splitk | (self.swapab & (self.params["split_k"] > 1))
+        self.split = self.splitk | ((self.swapab | self.gemv) & (self.params["split_k"] > 1))
         self.block_k = np.maximum(self.params["block_k"], 1)
 
 
@@ -313,6 +363,12 @@ PROBLEM_RULES = (
     (lambda p: True,
      lambda a, p: a.swapab & (a.params["block_m"] != swapab_tokens(p.m)),
      lambda p, c: f"swap-AB tile has {c['block_m']} tokens; M={p.m} takes {swapab_tokens(p.m)}"),
+    (lambda p: p.m > GEMV_MAX_M,
+     lambda a, p: a.gemv,
+     lambda p, c: f"GEMV is for M <= {GEMV_MAX_M}: M={p.m}"),
+    (lambda p: True,
+     lambda a, p: a.gemv & (a.params["block_m"] != gemv_rows(p.m)),
+     lambda p, c: f"GEMV computes {c['block_m']} token rows; M={p.m} takes {gemv_rows(p.m)}"),
     (lambda p: bool((p.k * _E[p.dtype]) % 16),
      lambda a, p: a.swapab_tma,
      lambda p, c: "TMA needs K * element size divisible by 16"),

@@ -6,9 +6,9 @@ import torch
 
 from gemm_costmodel.benchmarks import correctness as C
 from gemm_costmodel.kernels import gemm
-from gemm_costmodel.kernels.gemm_configs import (DTYPE_BYTES, OUT_DTYPE, PersistentConfig, Problem,
+from gemm_costmodel.kernels.gemm_configs import (DTYPE_BYTES, OUT_DTYPE, GemvConfig, PersistentConfig, Problem,
                                                  SplitKConfig, SwapABConfig, SwapABTmaConfig, TiledConfig,
-                                                 VendorConfig, check_feasible, swapab_tokens)
+                                                 VendorConfig, check_feasible, gemv_rows, swapab_tokens)
 
 from conftest import operands_for
 
@@ -39,6 +39,9 @@ CONFIGS = [
     SwapABConfig(64, 32, 64, 2, 4, 3),
     SwapABTmaConfig(16, 32, 32, 2, 4, 3),
     SwapABTmaConfig(64, 32, 32, 1, 4, 3),
+    # GEMV (M <= 4; here the M = 1 shapes): one warp keeps the interpreter's tiles small.
+    GemvConfig(1, 4, 64, 1, 1, 1),
+    GemvConfig(1, 8, 32, 3, 1, 1),         # split-K in one launch, uneven K slices, masked K tail
 ]
 
 
@@ -64,6 +67,9 @@ def test_variant_matches_reference(cfg, shape, dtype):
         too_few_k_tiles = -(-k // cfg.block_k) < cfg.split_k
         assert ok == (m <= 64 and cfg.block_m == swapab_tokens(m) and not misaligned
                       and not too_few_k_tiles), why
+    if isinstance(cfg, GemvConfig):
+        too_few_k_tiles = -(-k // cfg.block_k) < cfg.split_k
+        assert ok == (m <= 4 and cfg.block_m == gemv_rows(m) and not too_few_k_tiles), why
     if not ok:
         pytest.skip(f"infeasible: {why}")
     status, err, detail = C.gate(cfg, ops, ref, dtype)
@@ -77,7 +83,8 @@ def test_variant_matches_reference(cfg, shape, dtype):
 SPLITK_CONFIGS = [c for c in CONFIGS if isinstance(c, SplitKConfig)]
 # Every kernel that reduces its K slices in one launch through the arrival counters.
 ONE_LAUNCH_SPLIT_CONFIGS = SPLITK_CONFIGS + [c for c in CONFIGS if isinstance(c, SwapABConfig)
-                                             and c.split_k > 1 and c.block_m == 64]
+                                             and c.split_k > 1 and c.block_m == 64] + \
+    [c for c in CONFIGS if isinstance(c, GemvConfig) and c.split_k > 1]
 PERSISTENT_CONFIGS = [c for c in CONFIGS if isinstance(c, PersistentConfig)]
 
 
@@ -427,3 +434,28 @@ def test_gate_and_time_times_only_what_passes_the_gate():
     t, why = C.gate_and_time(timer, cfg, half, [ops], ref, "fp32")
     assert t is None and why.startswith("wrong:") and "unwritten" in why
     assert timer.calls == 1
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,rows", [(2, 2), (3, 4), (4, 4)])
+@pytest.mark.parametrize("split", [1, 2])
+def test_gemv_token_rows_cover_m(m, rows, split, dtype):
+    """M = 2-4 run on 2 or 4 token rows; at M = 3 the fourth row re-reads row 2 and is never stored
+    (the gate's NaN poison would show a stray or missing store)."""
+    cfg = GemvConfig(rows, 4, 64, split, 1, 1)
+    prob, ops, ref = operands_for(m, 37, 200, dtype)
+    assert check_feasible(cfg, prob)[0]
+    assert not check_feasible(GemvConfig(1 if rows > 1 else 2, 4, 64, split, 1, 1), prob)[0]
+    status, err, detail = C.gate(cfg, ops, ref, dtype)
+    assert status == C.STATUS_OK, detail
+    assert err < C.ERROR_BOUNDS[dtype]
+
+
+def test_gemv_launch_beyond_its_rows_is_still_correct():
+    """Feasibility keeps GEMV to M <= 4, but a launch with more tokens (the precompile probe uses
+    M = 3 for every config) takes more row blocks and stays correct."""
+    prob, ops, ref = operands_for(7, 20, 300, "fp32")
+    for cfg in (GemvConfig(1, 4, 64, 1, 1, 1), GemvConfig(2, 4, 64, 3, 1, 1), GemvConfig(4, 8, 32, 2, 1, 1)):
+        assert not check_feasible(cfg, prob)[0]
+        status, err, detail = C.gate(cfg, ops, ref, "fp32")
+        assert status == C.STATUS_OK, (cfg.id, detail)

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# GEMV data on a GPU machine whose calls last at most 10 minutes (issue 18): one driver process in
+# its own session runs, in order, the GEMV correctness gate on odd shapes (bf16, fp16, fp8), the
+# evaluation shapes with M <= 4 measured again with every candidate (the space grew, so their
+# earlier runs are incomplete), then the GEMV configs of the training shapes with M <= 4 (cuBLAS
+# timed again in the same run as an anchor). It outlives the call that started it; each call
+# watches it for up to WAIT seconds and copies the gzipped shards to OUT. A fresh machine resumes
+# from the shards committed under datasets/raw/ and benchmarks/results/gemv/.
+#
+#   benchmarks/device_gemv.sh OUT WAIT
+set -uo pipefail
+out="$1"; wait_s="$2"
+run=/tmp/gemv
+lists=benchmarks/results/gemv
+mkdir -p "$out" "$run"
+if ! kill -0 "$(cat "$run/pid" 2>/dev/null)" 2>/dev/null && [ ! -f "$run/done" ]; then
+    for f in datasets/raw/gemv-*.jsonl.gz $lists/*-shard*.jsonl.gz; do
+        [ -f "$f" ] || continue
+        b=$(basename "${f%.gz}")
+        [ -f "$run/$b" ] || gunzip -c "$f" >"$run/$b"
+    done
+    setsid nohup bash -c '
+        run='"$run"'; lists='"$lists"'
+        bench() { python3 -m gemm_costmodel.cli bench --out $run --quiet --dtype bf16 fp16 fp8 "$@"; }
+        # "done" only when every sweep finished: a failed one is resumed by the next call.
+        bench --shapes $lists/gate_shapes.csv --mode variant:gemv --name gate-gemv-h100 &&
+        bench --suite train --only $lists/eval_shapes.csv --mode all --name gemv-eval-h100 &&
+        bench --suite train --only $lists/train_shapes.csv --mode variant:gemv --name gemv-train-h100 &&
+        touch $run/done' >"$run/driver.out" 2>"$run/driver.err" &
+    echo $! >"$run/pid"
+fi
+start=$(date +%s)
+while :; do
+    alive=0; kill -0 "$(cat "$run/pid")" 2>/dev/null && alive=1
+    counts=$(for f in "$run"/*.jsonl; do [ -f "$f" ] && printf "%s=%s " "$(basename "$f" .jsonl)" "$(wc -l <"$f")"; done)
+    echo "$(date +%T) alive=$alive $counts"
+    [ "$alive" = 0 ] && break
+    [ $(( $(date +%s) - start )) -ge "$wait_s" ] && break
+    sleep 20
+done
+for f in "$run"/*-shard*.jsonl; do [ -f "$f" ] && gzip -c "$f" >"$out/$(basename "$f").gz"; done
+tar czf "$out/logs.tar.gz" -C "$run" $(cd "$run" && ls *.shapes.log driver.out driver.err 2>/dev/null) 2>/dev/null
+tail -n 30 "$run/driver.err"
+exit 0

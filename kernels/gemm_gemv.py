@@ -1,0 +1,142 @@
+"""GEMV decode kernel for M <= 4: CUDA-core dot products, no tensor cores.
+
+Why: at M = 1-4 a GEMM reads the weight once and does 2*M flops per weight
+element, so its time is the weight's bytes over HBM bandwidth. Every MMA kernel
+(tiled, split-K, swap-AB) pads the tokens to 16 rows or more and pays for the
+padding in registers, shared memory and pipeline depth; Inductor's max-autotune
+beats them at M = 1 with a plain reduction kernel (issue 18). Here each program
+owns BLOCK_N weight rows and one of SPLIT_K slices of K, streams
+(BLOCK_N, BLOCK_K) weight tiles with wide vectorised loads, multiplies them
+elementwise by the M token rows in fp32 and reduces over K once, after the loop
+(the accumulators stay 2-D until then, so the loop has no cross-thread work).
+The token rows are a compile-time count ROWS (1, 2 or 4, the power of two that
+covers M); rows past M re-read row M-1 and are never stored, so no load needs a
+row mask. A larger M takes more programs along the grid's third axis (each
+re-reads the weight: correct, but feasibility keeps GEMV to M <= 4). Weight rows past N wrap to row (n % N) for the same reason. With
+SPLIT_K > 1, the slices write fp32 partials and the last slice to arrive sums
+them (the one-launch scheme of the split-K kernels, common.py), so there is one
+launch and it is CUDA-graph safe.
+
+Same contract as kernels/gemm.py: y = x @ w.T, x (M, K), w (N, K), row-major;
+fp8 inputs carry per-tensor scales and write bf16.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import _arrival_counters, launch_args, splitk_workspace
+from .gemm_configs import GemvConfig
+
+
+@triton.jit
+def _x_row(x_ptr, r0, r: tl.constexpr, M, stride_xm, offs_k, K, EVEN_K: tl.constexpr):
+    # Row r0 + r of x as fp32, or row M-1 again past M (its result is never stored).
+    row = tl.minimum(r0 + r, M - 1)
+    if EVEN_K:
+        v = tl.load(x_ptr + row * stride_xm + offs_k)
+    else:
+        v = tl.load(x_ptr + row * stride_xm + offs_k, mask=offs_k < K, other=0.0)
+    return v.to(tl.float32)
+
+
+@triton.jit
+def _store_row(acc, r0, r: tl.constexpr, y_ptr, ws_ptr, sa_ptr, sb_ptr, M, N, stride_ym, offs_n, pid_s,
+               HAS_SCALE: tl.constexpr, SPLIT_K: tl.constexpr):
+    # One token row's (BLOCK_N,) result: to y, or (split) to this slice's partials.
+    yr = tl.sum(acc, axis=1)
+    row = r0 + r
+    mask = (offs_n < N) & (offs_n * 0 + row < M)  # a tensor compare: M is a Python int in the interpreter
+    if SPLIT_K == 1:
+        if HAS_SCALE:
+            yr = yr * (tl.load(sa_ptr) * tl.load(sb_ptr))
+        tl.store(y_ptr + row * stride_ym + offs_n, yr.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(ws_ptr + pid_s * M * N + row * N + offs_n, yr, mask=mask)
+
+
+@triton.jit
+def _reduce_row(r0, r: tl.constexpr, y_ptr, ws_ptr, sa_ptr, sb_ptr, M, N, stride_ym, offs_n,
+                HAS_SCALE: tl.constexpr, SPLIT_K: tl.constexpr):
+    # The last slice to arrive: the sum of every slice's partial of row r0 + r.
+    row = r0 + r
+    mask = (offs_n < N) & (offs_n * 0 + row < M)  # a tensor compare: M is a Python int in the interpreter
+    out = tl.zeros(offs_n.shape, dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        out += tl.load(ws_ptr + s * M * N + row * N + offs_n, mask=mask, other=0.0, cache_modifier=".cg")
+    if HAS_SCALE:
+        out = out * (tl.load(sa_ptr) * tl.load(sb_ptr))
+    tl.store(y_ptr + row * stride_ym + offs_n, out.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, sa_ptr, sb_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+                HAS_SCALE: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """Program (n-block, slice, row block): BLOCK_N outputs of ROWS token rows over one K slice."""
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    r0 = tl.program_id(2) * ROWS
+    total = tl.cdiv(K, BLOCK_K)
+    t0 = pid_s * total // SPLIT_K
+    t1 = (pid_s + 1) * total // SPLIT_K
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = t0 * BLOCK_K + tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + (offs_n % N)[:, None] * stride_wn + offs_k[None, :]
+    acc0 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    if ROWS > 1:
+        acc1 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    if ROWS > 2:
+        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        acc3 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for _kt in range(t0, t1):
+        if EVEN_K:
+            w = tl.load(w_ptrs).to(tl.float32)
+        else:
+            w = tl.load(w_ptrs, mask=offs_k[None, :] < K, other=0.0).to(tl.float32)
+        acc0 += w * _x_row(x_ptr, r0, 0, M, stride_xm, offs_k, K, EVEN_K)[None, :]
+        if ROWS > 1:
+            acc1 += w * _x_row(x_ptr, r0, 1, M, stride_xm, offs_k, K, EVEN_K)[None, :]
+        if ROWS > 2:
+            acc2 += w * _x_row(x_ptr, r0, 2, M, stride_xm, offs_k, K, EVEN_K)[None, :]
+            acc3 += w * _x_row(x_ptr, r0, 3, M, stride_xm, offs_k, K, EVEN_K)[None, :]
+        w_ptrs += BLOCK_K
+        offs_k += BLOCK_K
+    _store_row(acc0, r0, 0, y_ptr, ws_ptr, sa_ptr, sb_ptr, M, N, stride_ym, offs_n, pid_s, HAS_SCALE, SPLIT_K)
+    if ROWS > 1:
+        _store_row(acc1, r0, 1, y_ptr, ws_ptr, sa_ptr, sb_ptr, M, N, stride_ym, offs_n, pid_s, HAS_SCALE, SPLIT_K)
+    if ROWS > 2:
+        _store_row(acc2, r0, 2, y_ptr, ws_ptr, sa_ptr, sb_ptr, M, N, stride_ym, offs_n, pid_s, HAS_SCALE, SPLIT_K)
+        _store_row(acc3, r0, 3, y_ptr, ws_ptr, sa_ptr, sb_ptr, M, N, stride_ym, offs_n, pid_s, HAS_SCALE, SPLIT_K)
+    if SPLIT_K > 1:
+        # Every thread's partial store precedes the release of the arrival count.
+        tl.debug_barrier()
+        tile = tl.program_id(2) * tl.num_programs(0) + pid_n
+        arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            tl.debug_barrier()
+            _reduce_row(r0, 0, y_ptr, ws_ptr, sa_ptr, sb_ptr, M, N, stride_ym, offs_n, HAS_SCALE, SPLIT_K)
+            if ROWS > 1:
+                _reduce_row(r0, 1, y_ptr, ws_ptr, sa_ptr, sb_ptr, M, N, stride_ym, offs_n, HAS_SCALE, SPLIT_K)
+            if ROWS > 2:
+                _reduce_row(r0, 2, y_ptr, ws_ptr, sa_ptr, sb_ptr, M, N, stride_ym, offs_n, HAS_SCALE, SPLIT_K)
+                _reduce_row(r0, 3, y_ptr, ws_ptr, sa_ptr, sb_ptr, M, N, stride_ym, offs_n, HAS_SCALE, SPLIT_K)
+            # Zero again for the next launch (CUDA graphs replay with the same counters).
+            tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
+
+
+def launch(cfg: GemvConfig, x: torch.Tensor, w: torch.Tensor, out=None, scale_a=None, scale_b=None):
+    """Run a GEMV candidate for y = x @ w.T; returns y. Never synchronises."""
+    M, N, K, out, has_scale, sa, sb = launch_args(x, w, out, scale_a, scale_b)
+    grid = (triton.cdiv(N, cfg.block_n), cfg.split_k, triton.cdiv(M, cfg.block_m))
+    if cfg.split_k > 1:
+        ws = splitk_workspace(x.device, cfg.split_k, M, N)
+        cnt = _arrival_counters(x.device, grid[0] * grid[2])
+    else:
+        ws, cnt = out, out  # never read without a split
+    gemv_kernel[grid](x, w, out, ws, cnt, sa, sb, M, N, K, x.stride(0), w.stride(0), out.stride(0),
+                      HAS_SCALE=has_scale, ROWS=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                      SPLIT_K=cfg.split_k, EVEN_K=K % cfg.block_k == 0, num_warps=cfg.num_warps,
+                      num_stages=cfg.num_stages)
+    return out
