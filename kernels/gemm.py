@@ -12,7 +12,7 @@ Variants (configs in gemm_configs.py):
   tensor descriptors (Hopper). Needs 16-byte aligned rows.
 - swapab / swapab_tma: decode (M <= 64) kernels computing y.T = w @ x.T, so the
   weight rows fill the MMA's M side; in kernels/gemm_swapab.py.
-- gemv: M <= 4, CUDA-core dot products (no MMA) with an optional one-launch
+- gemv: M <= 2, CUDA-core dot products (no MMA) with an optional one-launch
   split-K; in kernels/gemm_gemv.py.
 - vendor: torch.mm (cuBLAS) or torch._scaled_mm (fp8).
 

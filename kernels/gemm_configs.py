@@ -132,10 +132,10 @@ class SwapABTmaConfig(SwapABConfig):
 
 @dataclass(frozen=True)
 class GemvConfig:
-    """Decode GEMV for M <= 4 (kernels/gemm_gemv.py): CUDA-core dot products, no MMA. A
+    """Decode GEMV for M <= 2 (kernels/gemm_gemv.py): CUDA-core dot products, no MMA. A
     program owns BLOCK_N weight rows and one of SPLIT_K slices of K and streams
-    (BLOCK_N, BLOCK_K) weight tiles; BLOCK_M is the token rows it computes (1, 2 or 4:
-    the power of two that covers M, tied to M by check_feasible)."""
+    (BLOCK_N, BLOCK_K) weight tiles; BLOCK_M is the token rows it computes (1 or 2, tied
+    to M by check_feasible; the kernel also takes 4)."""
 
     block_m: int
     block_n: int
@@ -252,9 +252,11 @@ def _gemv_static(cfg: GemvConfig, arch: ArchSpec, dtype: str) -> tuple[bool, str
 # 128 weight rows, 8 tokens or BLOCK_K 64-only added < 0.1%.
 SWAPAB_TOKENS = (16, 32, 64)
 SWAPAB_MAX_M = SWAPAB_TOKENS[-1]
-# GEMV (M <= 4): token rows 1, 2 or 4; no software pipelining (num_stages 1): with no MMA the
+# GEMV (M <= 2): token rows 1 or 2; no software pipelining (num_stages 1): with no MMA the
 # loop's loads are not pipelined by Triton, and occupancy keeps enough bytes in flight.
-GEMV_ROWS = (1, 2, 4)
+# A 4-row GEMV (M = 3-4) was measured on the H100 and lost every evaluation shape to swap-AB
+# (0.33-0.93x of the best other candidate; benchmarks/results/gemv/README.md), so it is not here.
+GEMV_ROWS = (1, 2)
 GEMV_MAX_M = GEMV_ROWS[-1]
 _SPACE_SM90 = {
     "tiled": dict(block_m=(16, 32, 64, 128), block_n=(32, 64, 128, 256), block_k=(64, 128),

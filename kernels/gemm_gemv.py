@@ -1,4 +1,4 @@
-"""GEMV decode kernel for M <= 4: CUDA-core dot products, no tensor cores.
+"""GEMV decode kernel (the space uses it for M <= 2): CUDA-core dot products, no tensor cores.
 
 Why: at M = 1-4 a GEMM reads the weight once and does 2*M flops per weight
 element, so its time is the weight's bytes over HBM bandwidth. Every MMA kernel

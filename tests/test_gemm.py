@@ -39,7 +39,7 @@ CONFIGS = [
     SwapABConfig(64, 32, 64, 2, 4, 3),
     SwapABTmaConfig(16, 32, 32, 2, 4, 3),
     SwapABTmaConfig(64, 32, 32, 1, 4, 3),
-    # GEMV (M <= 4; here the M = 1 shapes): one warp keeps the interpreter's tiles small.
+    # GEMV (M <= 2; here the M = 1 shapes): one warp keeps the interpreter's tiles small.
     GemvConfig(1, 4, 64, 1, 1, 1),
     GemvConfig(1, 8, 32, 3, 1, 1),         # split-K in one launch, uneven K slices, masked K tail
 ]
@@ -69,7 +69,7 @@ def test_variant_matches_reference(cfg, shape, dtype):
                       and not too_few_k_tiles), why
     if isinstance(cfg, GemvConfig):
         too_few_k_tiles = -(-k // cfg.block_k) < cfg.split_k
-        assert ok == (m <= 4 and cfg.block_m == gemv_rows(m) and not too_few_k_tiles), why
+        assert ok == (m <= 2 and cfg.block_m == gemv_rows(m) and not too_few_k_tiles), why
     if not ok:
         pytest.skip(f"infeasible: {why}")
     status, err, detail = C.gate(cfg, ops, ref, dtype)
@@ -440,19 +440,20 @@ def test_gate_and_time_times_only_what_passes_the_gate():
 @pytest.mark.parametrize("m,rows", [(2, 2), (3, 4), (4, 4)])
 @pytest.mark.parametrize("split", [1, 2])
 def test_gemv_token_rows_cover_m(m, rows, split, dtype):
-    """M = 2-4 run on 2 or 4 token rows; at M = 3 the fourth row re-reads row 2 and is never stored
-    (the gate's NaN poison would show a stray or missing store)."""
+    """M = 2-4 on 2 or 4 token rows (the kernel takes 4; the space keeps 1 and 2): at M = 3 the
+    fourth row re-reads row 2 and is never stored (the gate's NaN poison would show a stray or
+    missing store)."""
     cfg = GemvConfig(rows, 4, 64, split, 1, 1)
     prob, ops, ref = operands_for(m, 37, 200, dtype)
-    assert check_feasible(cfg, prob)[0]
-    assert not check_feasible(GemvConfig(1 if rows > 1 else 2, 4, 64, split, 1, 1), prob)[0]
+    assert check_feasible(cfg, prob)[0] == (m <= 2)
+    assert not check_feasible(GemvConfig(1, 4, 64, split, 1, 1), prob)[0]
     status, err, detail = C.gate(cfg, ops, ref, dtype)
     assert status == C.STATUS_OK, detail
     assert err < C.ERROR_BOUNDS[dtype]
 
 
 def test_gemv_launch_beyond_its_rows_is_still_correct():
-    """Feasibility keeps GEMV to M <= 4, but a launch with more tokens (the precompile probe uses
+    """Feasibility keeps GEMV to M <= 2, but a launch with more tokens (the precompile probe uses
     M = 3 for every config) takes more row blocks and stays correct."""
     prob, ops, ref = operands_for(7, 20, 300, "fp32")
     for cfg in (GemvConfig(1, 4, 64, 1, 1, 1), GemvConfig(2, 4, 64, 3, 1, 1), GemvConfig(4, 8, 32, 2, 1, 1)):
