@@ -256,6 +256,9 @@ SWAPAB_MAX_M = SWAPAB_TOKENS[-1]
 # loop's loads are not pipelined by Triton, and occupancy keeps enough bytes in flight.
 # A 4-row GEMV (M = 3-4) was measured on the H100 and lost every evaluation shape to swap-AB
 # (0.33-0.93x of the best other candidate; benchmarks/results/gemv/README.md), so it is not here.
+# Tiles from benchmarks/explore/explore_gemv.py: 1-16 weight rows by 512-2048 of K; a split of
+# K (4) only for the few shapes whose N alone cannot fill the SMs (no split was ever the best at
+# M = 1-2 on the 94 training shapes with N >= 512).
 GEMV_ROWS = (1, 2)
 GEMV_MAX_M = GEMV_ROWS[-1]
 _SPACE_SM90 = {
@@ -269,7 +272,7 @@ _SPACE_SM90 = {
                    warps_stages=((4, 3), (4, 4), (4, 6))),
     "swapab_tma": dict(block_m=SWAPAB_TOKENS, block_n=(64,), block_k=(64, 128, 256), split_k=(1, 2, 4, 8),
                        warps_stages=((4, 3), (4, 4), (4, 6))),
-    "gemv": dict(block_m=GEMV_ROWS, block_n=(4, 8, 16, 32), block_k=(256, 512, 1024), split_k=(1, 2, 4, 8, 16),
+    "gemv": dict(block_m=GEMV_ROWS, block_n=(1, 2, 4, 8, 16), block_k=(512, 1024, 2048), split_k=(1, 4),
                  warps_stages=((4, 1), (8, 1))),
 }
 

@@ -91,10 +91,12 @@ def gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, sa_ptr, sb_ptr, M, N, K, s
         acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         acc3 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for _kt in range(t0, t1):
+        # The weight is read once: evict-first keeps x and the other programs' lines in cache
+        # (1-4% at M = 1-2 on the H100, benchmarks/results/gemv/README.md).
         if EVEN_K:
-            w = tl.load(w_ptrs).to(tl.float32)
+            w = tl.load(w_ptrs, eviction_policy="evict_first").to(tl.float32)
         else:
-            w = tl.load(w_ptrs, mask=offs_k[None, :] < K, other=0.0).to(tl.float32)
+            w = tl.load(w_ptrs, mask=offs_k[None, :] < K, other=0.0, eviction_policy="evict_first").to(tl.float32)
         acc0 += w * _x_row(x_ptr, r0, 0, M, stride_xm, offs_k, K, EVEN_K)[None, :]
         if ROWS > 1:
             acc1 += w * _x_row(x_ptr, r0, 1, M, stride_xm, offs_k, K, EVEN_K)[None, :]
