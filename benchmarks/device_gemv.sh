@@ -4,7 +4,8 @@
 # evaluation shapes with M <= 2 measured again with every candidate (the space grew, so their
 # earlier runs are incomplete), then the GEMV configs of the training shapes with M <= 2 (cuBLAS
 # timed again in the same run as an anchor), then the foundation benchmark's M <= 2 shapes in full
-# (evaluation shapes too). The first GEMV space (gemv-* shards: M <= 4, no
+# (evaluation shapes too), then more M = 1 training shapes (all bf16 ones of the training families,
+# 60 fp16, 60 fp8) with the GEMV and TMA swap-AB configs, the two that compete at M = 1. The first GEMV space (gemv-* shards: M <= 4, no
 # evict-first) was measured by the same script with the full lists (eval_shapes.csv,
 # train_shapes.csv). It outlives the call that started it; each call
 # watches it for up to WAIT seconds and copies the gzipped shards to OUT. A fresh machine resumes
@@ -30,6 +31,7 @@ if ! kill -0 "$(cat "$run/pid" 2>/dev/null)" 2>/dev/null && [ ! -f "$run/done" ]
         bench --suite train --only $lists/eval_shapes_m2.csv --mode all --name gemv2-eval-h100 &&
         bench --suite train --only $lists/train_shapes_m2.csv --mode variant:gemv --name gemv2-train-h100 &&
         bench --suite foundation --dtype bf16 --only $lists/foundation_shapes_m2.csv --mode all --name gemv2-foundation-bf16-h100 &&
+        bench --suite train --only $lists/train_shapes_m1_more.csv --mode variant:gemv,swapab_tma --name gemv2-train-m1-h100 &&
         touch $run/done' >"$run/driver.out" 2>"$run/driver.err" &
     echo $! >"$run/pid"
 fi
