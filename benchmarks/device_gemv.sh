@@ -18,7 +18,7 @@ run=/tmp/gemv
 lists=benchmarks/results/gemv
 mkdir -p "$out" "$run"
 if ! kill -0 "$(cat "$run/pid" 2>/dev/null)" 2>/dev/null && [ ! -f "$run/done" ]; then
-    for f in datasets/raw/gemv-*.jsonl.gz $lists/*-shard*.jsonl.gz; do
+    for f in datasets/raw/gemv*.jsonl.gz $lists/*-shard*.jsonl.gz; do
         [ -f "$f" ] || continue
         b=$(basename "${f%.gz}")
         [ -f "$run/$b" ] || gunzip -c "$f" >"$run/$b"
