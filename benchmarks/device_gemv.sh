@@ -18,7 +18,7 @@ run=/tmp/gemv
 lists=benchmarks/results/gemv
 mkdir -p "$out" "$run"
 if ! kill -0 "$(cat "$run/pid" 2>/dev/null)" 2>/dev/null && [ ! -f "$run/done" ]; then
-    for f in datasets/raw/gemv*.jsonl.gz $lists/*-shard*.jsonl.gz; do
+    for f in datasets/raw/gemv*.jsonl.gz $lists/gate-*-shard*.jsonl.gz; do
         [ -f "$f" ] || continue
         b=$(basename "${f%.gz}")
         [ -f "$run/$b" ] || gunzip -c "$f" >"$run/$b"
@@ -44,7 +44,8 @@ while :; do
     [ $(( $(date +%s) - start )) -ge "$wait_s" ] && break
     sleep 20
 done
-for f in "$run"/*-shard*.jsonl; do [ -f "$f" ] && gzip -c "$f" >"$out/$(basename "$f").gz"; done
+# Only the shards this machine wrote: a call returns a limited number of files.
+for f in $(find "$run" -name '*-shard*.jsonl' -newer "$run/pid"); do gzip -c "$f" >"$out/$(basename "$f").gz"; done
 tar czf "$out/logs.tar.gz" -C "$run" $(cd "$run" && ls *.shapes.log driver.out driver.err 2>/dev/null) 2>/dev/null
 tail -n 30 "$run/driver.err"
 exit 0
