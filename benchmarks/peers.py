@@ -1,0 +1,329 @@
+"""Peer benchmark (issue 18): the dispatched kernel against cuBLAS and torch.compile max-autotune.
+
+Per shape, in one process on one GPU, with the harness's CUDA-graph timer over rotating
+buffers (>= 2x L2) and the harness's correctness gate (fp32 reference) before any time counts:
+
+- ``dispatched``: ``Dispatcher().select`` (the shipped model) and the kernel it names;
+- ``cublas``: ``torch.mm`` into a preallocated output (fp8: ``torch._scaled_mm``);
+- ``inductor``: ``torch.compile(mode="max-autotune-no-cudagraphs", dynamic=False)`` of the same
+  matmul, compiled fresh per shape (dynamo reset, caches off, a fresh cache folder), with its
+  compile + autotune wall time.
+
+Also: our cold decision time (``clear_cache`` then ``select``, median of 5) and warm ``select``, the
+device copy bandwidth once (a 1 GiB copy, read + write bytes / time, same timer) and per shape
+the HBM floor = (weight + x + y bytes) / copy bandwidth. A failed gate or a compile error stays
+as a row with its status. Rows are JSON lines in OUT/peers.jsonl (resumed: shapes already there
+are skipped); OUT/summary.json and OUT/summary.md summarise them (``summarize``).
+
+    python -m gemm_costmodel.benchmarks.peers --out DIR [--time-budget S] [--shapes CSV] [--dtype bf16]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+# Training-family weights (N, K) of different sizes, two of them >= 64 MB in bf16
+# (llama-3.1-8B: 4096x14336 down_proj 112 MB, 28672x4096 gate_up 224 MB).
+SUITE_NK = ((2048, 4096), (6144, 4096), (4096, 14336), (28672, 4096))
+SUITE_M = (1, 2, 4, 16, 64, 128, 512, 2048, 8192, 16384)
+# More M = 1 shapes (batch-1 decode is the first shape users time).
+EXTRA_M1_NK = ((4096, 4096), (14336, 4096), (5120, 5120))
+CONTENDERS = ("dispatched", "cublas", "inductor")
+
+
+def default_suite(dtype: str = "bf16") -> list[tuple[int, int, int, str]]:
+    """(M, N, K, dtype) of the default suite; every (N, K) is a training family's (checked by a test)."""
+    out = [(m, n, k, dtype) for n, k in SUITE_NK for m in SUITE_M]
+    out += [(1, n, k, dtype) for n, k in EXTRA_M1_NK]
+    return out
+
+
+def read_shapes(path: str, dtype: str) -> list[tuple[int, int, int, str]]:
+    """Shapes of a CSV with columns m,n,k[,dtype]; ValueError naming the bad field and line."""
+    import csv
+
+    out = []
+    with open(path, newline="", encoding="utf-8") as fh:
+        for i, row in enumerate(csv.DictReader(fh), start=2):
+            vals = []
+            for f in ("m", "n", "k"):
+                v = row.get(f) if row.get(f) is not None else row.get(f.upper())
+                try:
+                    vals.append(int(v))
+                except (TypeError, ValueError):
+                    raise ValueError(f"{path}:{i}: field {f!r} must be a positive int, got {v!r}") from None
+                if vals[-1] < 1:
+                    raise ValueError(f"{path}:{i}: field {f!r} must be >= 1, got {vals[-1]}")
+            dt = row.get("dtype") or dtype
+            if dt not in ("bf16", "fp16", "fp8"):
+                raise ValueError(f"{path}:{i}: field 'dtype' must be bf16, fp16 or fp8, got {dt!r}")
+            out.append((*vals, dt))
+    return out
+
+
+def shape_key(m, n, k, dtype) -> str:
+    return f"{dtype}:{m}x{n}x{k}"
+
+
+def done_keys(path: str) -> set[str]:
+    """Keys of the shapes already in a results file (resume)."""
+    if not os.path.isfile(path):
+        return set()
+    keys = set()
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            line = line.strip()
+            if line:
+                r = json.loads(line)
+                keys.add(shape_key(r["m"], r["n"], r["k"], r["dtype"]))
+    return keys
+
+
+def _bucket(m: int) -> str:
+    return "M=1" if m == 1 else "M=2-64" if m <= 64 else "M=128-1024" if m <= 1024 else "M>=2048"
+
+
+def _gm(xs) -> float:
+    xs = list(xs)
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Speedups of the dispatched kernel (time of the peer / ours, > 1 = we are faster) over the rows
+    where both were timed ok: geomean overall and per M bucket, the worst shape vs Inductor, the
+    shapes more than 3% slower than Inductor, every M = 1 shape, compile and decision times."""
+    ok = [r for r in rows if r.get("dispatched_us") and r.get("inductor_us") and r.get("cublas_us")]
+    out = {"shapes": len(rows), "shapes_compared": len(ok)}
+    if not ok:
+        return out
+    vs_ind = {shape_key(r["m"], r["n"], r["k"], r["dtype"]): r["inductor_us"] / r["dispatched_us"] for r in ok}
+    out["geomean_vs_inductor"] = _gm(vs_ind.values())
+    out["geomean_vs_cublas"] = _gm(r["cublas_us"] / r["dispatched_us"] for r in ok)
+    buckets = {}
+    for b in ("M=1", "M=2-64", "M=128-1024", "M>=2048"):
+        sel = [r for r in ok if _bucket(r["m"]) == b]
+        if sel:
+            buckets[b] = {"shapes": len(sel), "vs_inductor": _gm(r["inductor_us"] / r["dispatched_us"] for r in sel),
+                          "vs_cublas": _gm(r["cublas_us"] / r["dispatched_us"] for r in sel)}
+    out["buckets"] = buckets
+    worst = min(vs_ind, key=vs_ind.get)
+    out["worst_vs_inductor"] = {"shape": worst, "speedup": vs_ind[worst]}
+    out["slower_than_inductor_by_3pct"] = sorted(k for k, v in vs_ind.items() if v < 1 / 1.03)
+    out["m1"] = [{"shape": shape_key(r["m"], r["n"], r["k"], r["dtype"]), "dispatched": r["dispatched"],
+                  "dispatched_us": r["dispatched_us"], "inductor_us": r["inductor_us"], "cublas_us": r["cublas_us"],
+                  "floor_fraction": r.get("dispatched_floor_fraction")} for r in ok if r["m"] == 1]
+    out["m1_at_least_as_fast_as_inductor"] = all(x["dispatched_us"] <= x["inductor_us"] for x in out["m1"])
+    comp = [r["inductor_compile_s"] for r in rows if r.get("inductor_compile_s") is not None]
+    dec = [r["cold_decision_us"] for r in rows if r.get("cold_decision_us") is not None]
+    if comp:
+        out["inductor_compile_s"] = {"median": statistics.median(comp), "max": max(comp)}
+    if dec:
+        out["cold_decision_us"] = {"median": statistics.median(dec), "max": max(dec)}
+    return out
+
+
+def summary_markdown(s: dict, meta: dict) -> str:
+    L = [f"# Peer benchmark: dispatched vs cuBLAS vs torch.compile max-autotune", "",
+         f"GPU {meta.get('gpu_name')}, torch {meta.get('torch_version')}, triton {meta.get('triton_version')}, "
+         f"copy bandwidth {meta.get('copy_gbps', float('nan')):.0f} GB/s; {s.get('shapes_compared', 0)} of "
+         f"{s.get('shapes', 0)} shapes compared. Speedup = peer time / dispatched time (> 1: dispatched faster).", ""]
+    if not s.get("shapes_compared"):
+        return "\n".join(L + ["No shape was timed ok for all three contenders."])
+    L += [f"- geomean vs Inductor: **{s['geomean_vs_inductor']:.3f}x**; vs cuBLAS: {s['geomean_vs_cublas']:.3f}x",
+          f"- worst vs Inductor: {s['worst_vs_inductor']['shape']} {s['worst_vs_inductor']['speedup']:.3f}x; "
+          f"shapes > 3% slower than Inductor: {len(s['slower_than_inductor_by_3pct'])} "
+          f"{', '.join(s['slower_than_inductor_by_3pct'])}",
+          f"- every M = 1 shape at least as fast as Inductor: {s['m1_at_least_as_fast_as_inductor']}"]
+    if "inductor_compile_s" in s:
+        L.append(f"- Inductor compile + autotune: median {s['inductor_compile_s']['median']:.1f} s, max "
+                 f"{s['inductor_compile_s']['max']:.1f} s per shape; our cold decision: median "
+                 f"{s['cold_decision_us']['median']:.0f} us, max {s['cold_decision_us']['max']:.0f} us")
+    L += ["", "| M bucket | shapes | vs Inductor | vs cuBLAS |", "|---|---|---|---|"]
+    for b, v in s["buckets"].items():
+        L.append(f"| {b} | {v['shapes']} | {v['vs_inductor']:.3f} | {v['vs_cublas']:.3f} |")
+    L += ["", "| M = 1 shape | dispatched | us | Inductor us | cuBLAS us | HBM floor fraction |", "|---|---|---|---|---|---|"]
+    for x in s["m1"]:
+        ff = x["floor_fraction"]
+        L.append(f"| {x['shape']} | {x['dispatched']} | {x['dispatched_us']:.2f} | {x['inductor_us']:.2f} | "
+                 f"{x['cublas_us']:.2f} | {'' if ff is None else f'{ff:.3f}'} |")
+    return "\n".join(L) + "\n"
+
+
+def _inductor_setup(cache_dir: str) -> None:
+    """Fresh caches so that every shape really compiles and autotunes (names guarded: the knobs
+    move between torch versions)."""
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
+    import torch._inductor.config as ic
+
+    for name, val in (("force_disable_caches", True), ("fx_graph_cache", False), ("autotune_local_cache", False),
+                      ("autotune_remote_cache", False)):
+        if hasattr(ic, name):
+            setattr(ic, name, val)
+
+
+def copy_gbps(timer) -> float:
+    """Device copy bandwidth, read + write bytes per second, of a 1 GiB buffer."""
+    import torch
+
+    a = torch.empty(1 << 28, dtype=torch.float32, device="cuda").normal_()
+    b = torch.empty_like(a)
+    t = timer.measure(lambda i: b.copy_(a), 1)
+    nbytes = 2 * a.numel() * 4
+    del a, b
+    torch.cuda.empty_cache()
+    return nbytes / (t.p50_us * 1e-6) / 1e9
+
+
+def measure_shape(m, n, k, dtype, d, timer, l2, gbps) -> dict:
+    import torch
+
+    from gemm_costmodel.benchmarks import correctness as C
+    from gemm_costmodel.kernels import gemm as K
+    from gemm_costmodel.kernels.gemm_configs import Problem, VendorConfig, config_from_id
+
+    p = Problem(m, n, k, dtype)
+    row = {"m": m, "n": n, "k": k, "dtype": dtype}
+    colds = []
+    for _ in range(5):
+        d.clear_cache()
+        t = time.perf_counter()
+        choice = d.select(m, n, k, dtype)
+        colds.append((time.perf_counter() - t) * 1e6)
+    t = time.perf_counter()
+    for _ in range(1000):
+        d.select(m, n, k, dtype)
+    row.update(dispatched=choice.candidate, source=choice.source, cold_decision_us=statistics.median(colds),
+               warm_decision_ns=(time.perf_counter() - t) * 1e6)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(C.seed_for(p, 0))
+    first = C.make_operands(p, "cuda", gen)
+    from gemm_costmodel.benchmarks.timing import copies_for
+
+    n_copies = copies_for(first.nbytes, l2)
+    opsets = [first] + [C.make_operands(p, "cuda", gen) for _ in range(n_copies - 1)]
+    ref = C.reference(first)
+    row["n_copies"] = n_copies
+    floor_us = first.nbytes / (gbps * 1e3)
+    row["floor_us"] = floor_us
+    cfg = config_from_id(choice.candidate)
+    vendor = VendorConfig()
+
+    def timed(label, cfg_, run_one, run_i):
+        status, err, detail = C.gate(cfg_, first, ref, dtype, run=run_one)
+        row[f"{label}_status"] = status
+        if status != C.STATUS_OK:
+            row[f"{label}_us"] = None
+            row[f"{label}_error"] = detail
+            return
+        tm = timer.measure(run_i, n_copies, key=label)
+        row[f"{label}_us"], row[f"{label}_p20_us"], row[f"{label}_p80_us"] = tm.p50_us, tm.p20_us, tm.p80_us
+        row[f"{label}_stable"] = tm.stable
+        row[f"{label}_floor_fraction"] = floor_us / tm.p50_us
+
+    timed("dispatched", cfg, None, lambda i: opsets[i].run(cfg))
+    timed("cublas", vendor, None, lambda i: opsets[i].run(vendor))
+    # Inductor: the same matmul, compiled for these shapes (static), called on copy i.
+    torch._dynamo.reset()
+    if dtype == "fp8":
+        def mm(x, w, sa, sb):
+            return torch._scaled_mm(x, w.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+    else:
+        def mm(x, w, sa, sb):
+            return x @ w.t()
+    try:
+        fn = torch.compile(mm, mode="max-autotune-no-cudagraphs", dynamic=False)
+        t0 = time.perf_counter()
+        fn(first.x, first.w, first.scale_a, first.scale_b)
+        torch.cuda.synchronize()
+        row["inductor_compile_s"] = time.perf_counter() - t0
+
+        def run_one():
+            first.out.copy_(fn(first.x, first.w, first.scale_a, first.scale_b))
+            return first.out
+
+        timed("inductor", vendor, run_one,
+              lambda i: fn(opsets[i].x, opsets[i].w, opsets[i].scale_a, opsets[i].scale_b))
+    except Exception as exc:  # noqa: BLE001 - a compile failure is a row, not the end of the run
+        row["inductor_status"] = f"inductor_error: {type(exc).__name__}: {str(exc)[:300]}"
+        row["inductor_us"] = None
+    del opsets, first, ref
+    torch._dynamo.reset()
+    torch.cuda.empty_cache()
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", help="CSV with columns m,n,k[,dtype] (default: the built-in suite)")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp8"])
+    ap.add_argument("--limit", type=int, default=0, help="first N shapes only")
+    ap.add_argument("--time-budget", type=float, default=0, help="stop between shapes after this many seconds")
+    args = ap.parse_args(argv)
+    if args.limit < 0:
+        ap.error(f"--limit must be >= 0, got {args.limit}")
+    if args.time_budget < 0:
+        ap.error(f"--time-budget must be >= 0, got {args.time_budget}")
+    try:
+        shapes = read_shapes(args.shapes, args.dtype) if args.shapes else default_suite(args.dtype)
+    except (OSError, ValueError) as exc:
+        print(f"peers: error: {exc}", file=sys.stderr)
+        return 2
+    if args.limit:
+        shapes = shapes[: args.limit]
+    import torch
+
+    if not torch.cuda.is_available():
+        print("peers: error: no CUDA device", file=sys.stderr)
+        return 2
+    from gemm_costmodel.benchmarks import precompile, provenance
+    from gemm_costmodel.benchmarks.timing import GraphTimer
+    from gemm_costmodel.kernels.gemm_configs import Problem, VendorConfig, config_from_id
+    from gemm_costmodel.serving.runtime import Dispatcher
+
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "peers.jsonl")
+    done = done_keys(path)
+    todo = [s for s in shapes if shape_key(*s) not in done]
+    _inductor_setup(tempfile.mkdtemp(prefix="costmodel-peers-inductor-"))
+    prov = provenance.collect(torch.cuda.current_device())
+    d = Dispatcher()
+    pre = [(Problem(*s), [config_from_id(d.select(*s).candidate)]) for s in todo]
+    precompile.precompile([(p, [c for c in cs if not isinstance(c, VendorConfig)]) for p, cs in pre],
+                          log=lambda m: print(m, file=sys.stderr, flush=True))
+    timer = GraphTimer()
+    meta_path = os.path.join(args.out, "meta.json")
+    meta = json.load(open(meta_path)) if os.path.isfile(meta_path) else {}
+    if "copy_gbps" not in meta:
+        meta = {"copy_gbps": copy_gbps(timer), **prov}
+        json.dump(meta, open(meta_path, "w"), indent=1)
+    l2 = prov.get("l2_bytes") or 50 * 2**20
+    t0 = time.perf_counter()
+    for s in todo:
+        if args.time_budget and time.perf_counter() - t0 > args.time_budget:
+            print(f"time budget reached: {len(todo)} shapes left to a resumed run", file=sys.stderr)
+            break
+        row = measure_shape(*s, d, timer, l2, meta["copy_gbps"])
+        row.update(provenance=prov)
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row) + "\n")
+        print(json.dumps({k: row.get(k) for k in ("m", "n", "k", "dispatched", "dispatched_us", "cublas_us",
+                                                   "inductor_us", "inductor_compile_s")}), file=sys.stderr,
+              flush=True)
+    rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
+    s = summarize(rows)
+    json.dump(s, open(os.path.join(args.out, "summary.json"), "w"), indent=1)
+    with open(os.path.join(args.out, "summary.md"), "w", encoding="utf-8") as fh:
+        fh.write(summary_markdown(s, meta))
+    print(summary_markdown(s, meta))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
