@@ -41,6 +41,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cold", type=int, default=500)
     ap.add_argument("--warm", type=int, default=1000, help="distinct cached problems in the warm loop")
     ap.add_argument("--mixed", type=int, default=10_000, help="dispatches per thread in the concurrency check")
+    ap.add_argument("--threads", type=int, nargs="+", default=[1],
+                    help="onnxruntime intra-op threads of the cold-decision runs (one run each)")
     args = ap.parse_args(argv)
 
     from gemm_costmodel.serving.runtime import Dispatcher
@@ -52,8 +54,10 @@ def main(argv=None) -> int:
     res["onnxruntime"] = onnxruntime.__version__
 
     # -- cold decisions --------------------------------------------------------------
-    for label, strip in (("shortlist", False), ("all_feasible", True)):
-        d = Dispatcher(gpu_name=args.gpu, models_dir=args.models)
+    runs = [(f"{label}" + ("" if th == 1 else f"_threads{th}"), strip, th)
+            for th in args.threads for label, strip in (("shortlist", False), ("all_feasible", True))]
+    for label, strip, th in runs:
+        d = Dispatcher(gpu_name=args.gpu, models_dir=args.models, threads=th)
         for dt in ("bf16", "fp16", "fp8"):
             model = d.model_for(dt)
             if model is None:
@@ -62,18 +66,30 @@ def main(argv=None) -> int:
                 model.buckets = {}
         d.select(4096, 4096, 4096, "bf16")  # first-use costs (session warm-up) are not per-decision costs
         probs = list(dict.fromkeys(_problems(args.cold * 3, seed=1)))[: args.cold]
-        ts, scored = [], []
+        ts, scored, phases = [], [], {"mask": [], "features": [], "onnxruntime": []}
         for p in probs:
             t = time.perf_counter()
             d.select(*p)
             ts.append((time.perf_counter() - t) * 1e6)
+            # The same decision again, phase by phase (the runtime's own steps, outside select).
+            t0 = time.perf_counter()
             ct, idx = d._feasible(p[0], p[1], p[2], p[3])
-            sl = d.model_for(p[3]).shortlist_mask(ct, p[0])
-            scored.append(int(sl[idx].sum()) if sl is not None and sl[idx].any() else len(idx))
+            t1 = time.perf_counter()
+            model = d.model_for(p[3])
+            sl = model.shortlist_mask(ct, p[0])
+            sel = idx[sl[idx]] if sl is not None and sl[idx].any() else idx
+            X = d._features(ct, sel, p[0], p[1], p[2], p[3], 1, 1)
+            t2 = time.perf_counter()
+            model.score(X)
+            t3 = time.perf_counter()
+            for k_, v in (("mask", t1 - t0), ("features", t2 - t1), ("onnxruntime", t3 - t2)):
+                phases[k_].append(v * 1e6)
+            scored.append(len(sel))
         res[f"cold_{label}"] = {"decisions": len(ts), "p50_us": float(np.percentile(ts, 50)),
                                 "p90_us": float(np.percentile(ts, 90)), "p99_us": float(np.percentile(ts, 99)),
                                 "max_us": float(np.max(ts)),
                                 "candidates_scored_median": float(np.median(scored)),
+                                "phase_p50_us": {k_: float(np.median(v)) for k_, v in phases.items()},
                                 "candidates_scored_max": int(np.max(scored))}
         print(label, res[f"cold_{label}"], flush=True)
 
