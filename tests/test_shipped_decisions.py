@@ -20,7 +20,9 @@ def write_decisions(path=PATH, root="datasets"):  # pragma: no cover - run by ha
     from gemm_costmodel.data import dataset as D
 
     df = D.load_dataset(root=root)
-    ev = df[df["eval_shape"].astype(bool)].drop_duplicates(["gpu_name", "dtype", "m", "n", "k"])
+    # The dense op's shapes only: the dataset also holds the other ops' (datasets/<op>/).
+    ev = df[df["eval_shape"].astype(bool) & (df["op"].astype(str) == "gemm")].drop_duplicates(
+        ["gpu_name", "dtype", "m", "n", "k"])
     disp = {}
     with open(path, "w", newline="") as fh:
         w = csv.writer(fh)
