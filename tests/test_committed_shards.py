@@ -24,10 +24,15 @@ LATER_VARIANTS = tuple(sorted(set(VARIANTS) - set(H.SAMPLE_BASE_VARIANTS) - {"ve
 
 def _mode(name: str) -> str:
     # Evaluation and foundation sweeps measure every candidate; training sweeps sample 48
-    # (the block-scale op's, 40); the swap-AB sweep added one variant to training shapes
-    # measured before it existed.
+    # (the block-scale op's, 40); the swap-AB and GEMV sweeps added their variants to training
+    # shapes measured before they existed.
     if name.startswith("swapab-train-"):
-        return "variant:" + ",".join(LATER_VARIANTS)
+        return "variant:swapab,swapab_tma"
+    # The GEMV sweeps (benchmarks/device_gemv.sh): its configs, plus TMA swap-AB on more M = 1 shapes.
+    if name.startswith("gemv2-train-m1-"):
+        return "variant:gemv,swapab_tma"
+    if name.startswith("gemv2-train-"):
+        return "variant:gemv"
     if name.startswith("fp8bs-train-"):
         return "sample:40"
     if name.startswith("moe-train-"):
