@@ -22,7 +22,10 @@ def main() -> int:
     gen = torch.Generator(device="cuda").manual_seed(0)
     for m, n, k, dtype in [(1, 4096, 4096, "bf16"), (7, 5120, 8192, "bf16"), (33, 1000, 1048, "bf16"),
                            (512, 4096, 4096, "bf16"), (4097, 1024, 4096, "bf16"), (16, 4096, 4096, "fp8"),
-                           (2048, 8192, 4096, "fp8")]:
+                           (2048, 8192, 4096, "fp8"),
+                           # GEMV picks (M <= 2): split-K and plain, bf16, fp16 and fp8.
+                           (1, 5120, 8192, "bf16"), (2, 896, 4864, "bf16"), (1, 28672, 4096, "fp16"),
+                           (1, 1024, 4608, "fp8"), (1, 1000, 3000, "bf16")]:
         o = make_operands(Problem(m, n, k, dtype), "cuda", gen)
         ref = reference(o)
         fp8 = dtype == "fp8"
