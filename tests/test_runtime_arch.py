@@ -150,6 +150,8 @@ def test_a_model_for_sm80_scores_only_sm80_candidates(tmp_path_factory, tmp_path
         (tmp_path / f"gemm-sm80{ext}").write_bytes(data)
     man = json.loads((tmp_path / "gemm-sm80.json").read_text())
     man["arch"] = "sm80"
+    # ... and its space that of sm80 (a manifest names the space it was trained on).
+    man["config_space_hash"] = {d: table("sm80", d).space_hash for d in man["config_space_hash"] if d != "fp8"}
     (tmp_path / "gemm-sm80.json").write_text(json.dumps(man))
     with warnings.catch_warnings():
         warnings.simplefilter("error", DispatchWarning)
@@ -268,3 +270,24 @@ def test_bad_gpu_specs_file_is_a_one_line_error(monkeypatch, tmp_path):
     msg = str(exc.value)
     assert msg.startswith(f"COSTMODEL_GPU_SPECS={path}: not valid JSON (") and "\n" not in msg
     assert exc.value.__cause__ is None and exc.value.__suppress_context__  # no JSONDecodeError chained
+
+
+def test_a_model_of_another_config_space_is_skipped_with_the_reason(tmp_path_factory, tmp_path):
+    """A model trained before the space changed (e.g. before the GEMV variant) never saw the new
+    candidates: the dispatcher falls back and says why, naming both hashes."""
+    src = tiny_model_dir(tmp_path_factory)
+    for ext in (".json", ".onnx"):
+        (tmp_path / f"gemm-sm90{ext}").write_bytes(open(os.path.join(src, "gemm-sm90" + ext), "rb").read())
+    man = json.loads((tmp_path / "gemm-sm90.json").read_text())
+    current = table("sm90", "fp16").space_hash
+    assert man["config_space_hash"]["fp16"] == current
+    man["config_space_hash"]["fp16"] = "0123456789abcdef"
+    (tmp_path / "gemm-sm90.json").write_text(json.dumps(man))
+    d = Dispatcher(gpu_name="NVIDIA H100 80GB HBM3", models_dir=str(tmp_path))
+    with pytest.warns(DispatchWarning, match="config space 0123456789abcdef for fp16, this code's is " + current):
+        assert d.select(64, 4096, 4096, "fp16").source == "heuristic"
+    # Manifests without the field are served unchecked.
+    del man["config_space_hash"]
+    (tmp_path / "gemm-sm90.json").write_text(json.dumps(man))
+    d = Dispatcher(gpu_name="NVIDIA H100 80GB HBM3", models_dir=str(tmp_path))
+    assert d.select(64, 4096, 4096, "fp16").source == "model"

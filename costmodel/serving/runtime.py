@@ -5,7 +5,7 @@ Precedence (documented in the README):
    unsure mode) wins;
 2. otherwise the shipped ONNX model ranks every feasible candidate in one
    ``session.run``;
-3. with no usable model (missing, corrupt, schema-hash or arch mismatch, an .onnx
+3. with no usable model (missing, corrupt, schema-hash, config-space-hash or arch mismatch, an .onnx
    that does not match its manifest's size and sha256, unknown GPU), the hand
    heuristic of ``gemm_costmodel.serving.heuristic`` decides. The reason is warned once; the
    serving path never raises for a model problem.
@@ -199,13 +199,21 @@ def _integrity_problem(onnx_path: str, man: dict) -> str | None:
     return "; ".join(problems) or None
 
 
+def _space_hash(arch: str, dtype: str, op: str) -> str | None:
+    """The space hash of (arch, dtype, op)'s candidate table, or None where the arch has no space."""
+    try:
+        return candidate_table(arch, dtype, op).space_hash
+    except (ValueError, KeyError):
+        return None
+
+
 def find_models(models_dir: str, op: str, dtype: str, arch: str,
                 role: str = "decision") -> tuple[list[tuple[str, dict]], list[str]]:
     """Every model of this role that serves (op, dtype, arch) and passes the manifest checks, best first,
     and why the other manifests that would serve it were skipped.
 
     Checks, per manifest: readable JSON object; op, dtype and role served; arch; feature schema hash;
-    the .onnx beside it exists and matches the manifest's onnx_bytes and onnx_sha256. A stale or broken
+    the config space hash of the dtype (where the manifest has one); the .onnx beside it exists and matches the manifest's onnx_bytes and onnx_sha256. A stale or broken
     manifest is skipped, never allowed to hide a valid one. Order: the exported name
     (``model_name(op, arch, role)`` + ".json") first, then the others by file name, so a copy such as
     ``gemm-sm90-old.json`` lying beside ``gemm-sm90.json`` never wins over it."""
@@ -234,6 +242,16 @@ def find_models(models_dir: str, op: str, dtype: str, arch: str,
         if man.get("feature_schema_hash") != F.schema_hash(op):
             reasons.append(f"{name}: feature schema hash {man.get('feature_schema_hash')} != "
                            f"this code's {F.schema_hash(op)}")
+            continue
+        # A model trained before the config space changed has never seen the new candidates
+        # (the GEMV variant came with a new variant code, not new features): it would rank them
+        # blind. Manifests without the field are served unchecked.
+        trained = man.get("config_space_hash")
+        trained = trained.get(dtype) if isinstance(trained, dict) else None
+        current = _space_hash(arch, dtype, op) if trained is not None else None
+        if current is not None and trained != current:
+            reasons.append(f"{name}: trained on config space {trained} for {dtype}, this code's is {current} "
+                           "(the space changed since: retrain)")
             continue
         onnx_path = os.path.join(models_dir, name[:-5] + ".onnx")
         if not os.path.isfile(onnx_path):
