@@ -129,7 +129,7 @@ def summarize(rows: list[dict]) -> dict:
 
 
 def summary_markdown(s: dict, meta: dict) -> str:
-    L = [f"# Peer benchmark: dispatched vs cuBLAS vs torch.compile max-autotune", "",
+    L = ["# Peer benchmark: dispatched vs cuBLAS vs torch.compile max-autotune", "",
          f"GPU {meta.get('gpu_name')}, torch {meta.get('torch_version')}, triton {meta.get('triton_version')}, "
          f"copy bandwidth {meta.get('copy_gbps', float('nan')):.0f} GB/s; {s.get('shapes_compared', 0)} of "
          f"{s.get('shapes', 0)} shapes compared. Speedup = peer time / dispatched time (> 1: dispatched faster).", ""]
@@ -184,7 +184,6 @@ def measure_shape(m, n, k, dtype, d, timer, l2, gbps) -> dict:
     import torch
 
     from gemm_costmodel.benchmarks import correctness as C
-    from gemm_costmodel.kernels import gemm as K
     from gemm_costmodel.kernels.gemm_configs import Problem, VendorConfig, config_from_id
 
     p = Problem(m, n, k, dtype)
@@ -200,14 +199,8 @@ def measure_shape(m, n, k, dtype, d, timer, l2, gbps) -> dict:
         d.select(m, n, k, dtype)
     row.update(dispatched=choice.candidate, source=choice.source, cold_decision_us=statistics.median(colds),
                warm_decision_ns=(time.perf_counter() - t) * 1e6)
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(C.seed_for(p, 0))
-    first = C.make_operands(p, "cuda", gen)
-    from gemm_costmodel.benchmarks.timing import copies_for
-
-    n_copies = copies_for(first.nbytes, l2)
-    opsets = [first] + [C.make_operands(p, "cuda", gen) for _ in range(n_copies - 1)]
-    ref = C.reference(first)
+    opsets, ref = C.operand_sets(p, 0, l2)
+    first, n_copies = opsets[0], len(opsets)
     row["n_copies"] = n_copies
     floor_us = first.nbytes / (gbps * 1e3)
     row["floor_us"] = floor_us

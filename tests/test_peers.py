@@ -79,7 +79,8 @@ def test_summarize_hand_computed():
     assert s["inductor_compile_s"] == {"median": 6.0, "max": 10.0}
     assert s["cold_decision_us"] == {"median": 400.0, "max": 500.0}
     md = P.summary_markdown(s, {"gpu_name": "G", "copy_gbps": 3000.0})
-    assert "0.995x" in md or f"{s['geomean_vs_inductor']:.3f}x" in md
+    assert "geomean vs Inductor: **1.018x**; vs cuBLAS: 1.145x" in md
+    assert "| M=1 | 1 | 1.100 | 1.200 |" in md
 
 
 def test_summarize_m1_slower_and_empty():

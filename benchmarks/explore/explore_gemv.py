@@ -24,17 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gemm_costmodel.kernels.common import _arrival_counters, launch_args, splitk_workspace
-
-
-@triton.jit
-def _gemv_x(x_ptr, r0, r: tl.constexpr, M, stride_xm, offs_k, K, EVEN_K: tl.constexpr):
-    row = tl.minimum(r0 + r, M - 1)
-    if EVEN_K:
-        v = tl.load(x_ptr + row * stride_xm + offs_k)
-    else:
-        v = tl.load(x_ptr + row * stride_xm + offs_k, mask=offs_k < K, other=0.0)
-    return v.to(tl.float32)
+# The token-row loader is the committed kernel's: only the weight path differs here.
+from gemm_costmodel.kernels.gemm_gemv import _x_row as _gemv_x
 
 
 @triton.jit
