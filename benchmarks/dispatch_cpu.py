@@ -2,8 +2,10 @@
 
 - warm: ``select`` on cached problems vs a bare dict lookup of the same keys
   (median over repeats of loops over 1,000 varied problems);
-- cold: one decision per new problem (p50/p90 over varied shapes and dtypes),
-  with the shipped shortlist and with every feasible candidate scored;
+- cold: one decision per new problem (p50/p90/p99 over varied shapes and dtypes), as shipped
+  (shortlist and cascade), with the shortlist scored by the whole model, and with every feasible
+  candidate scored; per phase (mask, features, whole-model onnxruntime, cascade), and how often
+  the cascade's pick is the whole model's;
 - concurrency: 8 threads x 10,000 mixed dispatches compared with single-threaded answers.
 
     python -m gemm_costmodel.benchmarks.dispatch_cpu --gpu "NVIDIA H100 80GB HBM3" --out DIR
@@ -54,9 +56,13 @@ def main(argv=None) -> int:
     res["onnxruntime"] = onnxruntime.__version__
 
     # -- cold decisions --------------------------------------------------------------
-    runs = [(f"{label}" + ("" if th == 1 else f"_threads{th}"), strip, th)
-            for th in args.threads for label, strip in (("shortlist", False), ("all_feasible", True))]
-    for label, strip, th in runs:
+    # shortlist: as shipped (the shortlist and the cascade); whole_model: the shortlist scored by the
+    # whole model (no cascade, as before issue 18's cascade); all_feasible: no shortlist.
+    runs = [(f"{label}" + ("" if th == 1 else f"_threads{th}"), strip, th, whole)
+            for th in args.threads for label, strip, whole in (("shortlist", False, False),
+                                                                ("shortlist_whole_model", False, True),
+                                                                ("all_feasible", True, False))]
+    for label, strip, th, whole_model in runs:
         d = Dispatcher(gpu_name=args.gpu, models_dir=args.models, threads=th)
         for dt in ("bf16", "fp16", "fp8"):
             model = d.model_for(dt)
@@ -64,12 +70,15 @@ def main(argv=None) -> int:
                 raise SystemExit(f"no model: {d.fallback_reasons}")
             if strip:
                 model.buckets = {}
+            if whole_model:
+                model.cascade = None
         d.select(4096, 4096, 4096, "bf16")  # first-use costs (session warm-up) are not per-decision costs
         probs = list(dict.fromkeys(_problems(args.cold * 3, seed=1)))[: args.cold]
-        ts, scored, phases = [], [], {"mask": [], "features": [], "onnxruntime": []}
+        ts, scored, phases = [], [], {"mask": [], "features": [], "onnxruntime": [], "cascade": []}
+        agree = 0
         for p in probs:
             t = time.perf_counter()
-            d.select(*p)
+            picked = d.select(*p).candidate
             ts.append((time.perf_counter() - t) * 1e6)
             # The same decision again, phase by phase (the runtime's own steps, outside select).
             t0 = time.perf_counter()
@@ -80,17 +89,24 @@ def main(argv=None) -> int:
             sel = idx[sl[idx]] if sl is not None and sl[idx].any() else idx
             X = d._features(ct, sel, p[0], p[1], p[2], p[3], 1, 1)
             t2 = time.perf_counter()
-            model.score(X)
+            whole = model.score(X)
             t3 = time.perf_counter()
-            for k_, v in (("mask", t1 - t0), ("features", t2 - t1), ("onnxruntime", t3 - t2)):
+            model.best(X, sel, 1)  # the cascade where the model has one (else the whole model again)
+            t4 = time.perf_counter()
+            for k_, v in (("mask", t1 - t0), ("features", t2 - t1), ("onnxruntime", t3 - t2), ("cascade", t4 - t3)):
                 phases[k_].append(v * 1e6)
             scored.append(len(sel))
+            # Does select (through the cascade) pick what the whole model ranks first?
+            agree += picked == ct.ids[sel[np.lexsort((sel, whole))[0]]]
         res[f"cold_{label}"] = {"decisions": len(ts), "p50_us": float(np.percentile(ts, 50)),
                                 "p90_us": float(np.percentile(ts, 90)), "p99_us": float(np.percentile(ts, 99)),
                                 "max_us": float(np.max(ts)),
                                 "candidates_scored_median": float(np.median(scored)),
                                 "phase_p50_us": {k_: float(np.median(v)) for k_, v in phases.items()},
-                                "candidates_scored_max": int(np.max(scored))}
+                                "candidates_scored_max": int(np.max(scored)),
+                                "cascade": {dt: (d.model_for(dt).manifest.get("cascade") or {}).get("prefix_trees")
+                                            for dt in ("bf16", "fp16", "fp8")},
+                                "cascade_agreement": agree / len(probs)}
         print(label, res[f"cold_{label}"], flush=True)
 
     # -- warm overhead -----------------------------------------------------------------

@@ -67,8 +67,9 @@ def test_run_writes_report_and_model(run_dir):
     for p in pngs:
         assert f"]({p})" in md
     assert (report / "results_family.csv").is_file()
-    # The default (rank) decision model ships with its log-latency companion.
+    # The default (rank) decision model ships with its cascade and its log-latency companion.
     assert sorted(os.listdir(models)) == ["gemm-sm90-latency.json", "gemm-sm90-latency.onnx",
+                                          "gemm-sm90-prefix.onnx", "gemm-sm90-suffix.onnx",
                                           "gemm-sm90.json", "gemm-sm90.onnx"]
     assert read_json(models / "gemm-sm90-latency.json")["role"] == "latency"
     assert read_json(models / "gemm-sm90.json")["role"] == "decision"

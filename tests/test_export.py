@@ -166,3 +166,60 @@ def test_data_hash_is_order_independent_and_sensitive(fp8):
 
 def test_model_name():
     assert X.model_name("gemm", "sm90") == "gemm-sm90"
+
+
+# -- the decision model's cascade (issue 18) ------------------------------------------------------
+@pytest.mark.parametrize("formulation", ["rank", "log_latency"])
+def test_cascade_parts_sum_to_the_model(exported, formulation):
+    """prefix (trees 0..3, with the base value) + suffix (trees 4..19) == the whole model, on
+    runtime-built rows; the manifest names both files with their sizes and digests."""
+    _, onnx_path, man = exported[formulation]
+    cas = man["cascade"]
+    assert (cas["trees"], cas["prefix_trees"], cas["keep"]) == (20, 4, X.CASCADE_KEEP)
+    d = os.path.dirname(onnx_path)
+    rows = random_rows(seed=3, shapes=12)
+    parts = []
+    for part in ("prefix", "suffix"):
+        path = os.path.join(d, cas[part]["file"])
+        data = open(path, "rb").read()
+        assert cas[part]["onnx_bytes"] == len(data)
+        assert cas[part]["onnx_sha256"] == hashlib.sha256(data).hexdigest()
+        parts.append(onnx_out(session(path), rows))
+    whole = onnx_out(session(onnx_path), rows)
+    np.testing.assert_allclose(parts[0] + parts[1], whole, rtol=0, atol=1e-5)
+    # The prefix alone is a different (coarser) model: it must not equal the whole.
+    assert not np.allclose(parts[0], whole, atol=1e-5)
+
+
+def test_slice_trees_by_hand(exported):
+    """Slicing keeps exactly the named trees: the sum over a partition of the trees is the model."""
+    import onnx
+
+    _, onnx_path, _ = exported["rank"]
+    proto = onnx.load(onnx_path)
+    assert X.tree_count(proto) == 20
+    rows = random_rows(seed=4, shapes=6)
+    outs = [onnx_out(ort.InferenceSession(X.slice_trees(proto, lo, hi, lo == 0).SerializeToString(),
+                                          providers=["CPUExecutionProvider"]), rows)
+            for lo, hi in ((0, 1), (1, 7), (7, 20))]
+    np.testing.assert_allclose(sum(outs), onnx_out(session(onnx_path), rows), rtol=0, atol=1e-5)
+    assert X.tree_count(X.slice_trees(proto, 7, 20, False)) == 13
+    with pytest.raises(ValueError, match="no trees"):
+        X.slice_trees(proto, 20, 30, False)
+
+
+def test_write_cascade_options(exported, tmp_path):
+    import shutil
+
+    _, onnx_path, _ = exported["rank"]
+    src = os.path.dirname(onnx_path)
+    for name in ("gemm-sm90.onnx", "gemm-sm90.json"):
+        shutil.copy(os.path.join(src, name), tmp_path / name)
+    o, j = str(tmp_path / "gemm-sm90.onnx"), str(tmp_path / "gemm-sm90.json")
+    assert X.write_cascade(o, j, prefix_trees=10, keep=3)["prefix_trees"] == 10
+    assert json.load(open(j))["cascade"]["keep"] == 3
+    # A prefix of every tree leaves nothing to cascade: the manifest then has no cascade.
+    assert X.write_cascade(o, j, prefix_trees=20) is None
+    assert "cascade" not in json.load(open(j))
+    with pytest.raises(ValueError, match="keep must be >= 1"):
+        X.write_cascade(o, j, keep=0)

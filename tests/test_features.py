@@ -225,3 +225,61 @@ def test_from_frame_unknown_gpu_raises():
     df = frame_for(ct, [0, 1], 7, 4096, 1024, gpu="Imaginary GPU X1")
     with pytest.raises(ValueError, match="Imaginary GPU X1"):
         F.from_frame(df, hardware.spec_for)
+
+
+# -- the runtime's per-table path (CandidateFeatures, issue 18) ----------------------------------
+H100 = hardware.spec_for("NVIDIA H100 80GB HBM3")
+
+
+@pytest.mark.parametrize("op,dtype", [("gemm", "bf16"), ("gemm", "fp16"), ("gemm", "fp8"), ("fp8_blockscale", "fp8")])
+@pytest.mark.parametrize("m,n,k", [(1, 4096, 4096), (7, 1000, 1048), (64, 28672, 4096), (4097, 333, 517),
+                                   (16384, 151936, 8192), (3, 16, 16)])
+def test_candidate_features_equal_compute(op, dtype, m, n, k):
+    """The cached path gives exactly the training path's matrix, on every feasible candidate and
+    on an arbitrary subset in arbitrary order."""
+    ct = candidate_table("sm90", dtype, op)
+    fz = F.CandidateFeatures(ct.params, ct.variant_code, dtype, H100, op)
+    idx = np.flatnonzero(ct.feasible_mask(m, n, k))
+    assert len(idx) > 0
+    sub = np.random.default_rng(m + n + k).permutation(idx)[: max(1, len(idx) // 3)]
+    for rows in (idx, sub, idx[:1]):
+        want = F.compute(runtime_cols(ct, rows, m, n, k, dtype, H100), op)
+        got = fz.matrix(rows, m, n, k)
+        assert got.dtype == np.float32 and got.flags["C_CONTIGUOUS"]
+        np.testing.assert_array_equal(got, want)
+
+
+def test_candidate_features_equal_compute_moe():
+    from gemm_costmodel.kernels.moe import features as MF
+
+    ct = candidate_table("sm90", "bf16", "moe")
+    fz = F.CandidateFeatures(ct.params, ct.variant_code, "bf16", H100, "moe")
+    for m, n, k, e, top_k, stage, routing in ((1, 1536, 2048, 128, 8, "gate_up", "balanced"),
+                                               (4097, 2048, 768, 64, 6, "down", "zipf")):
+        idx = np.flatnonzero(ct.feasible_mask(m, n, k))
+        cols = runtime_cols(ct, idx, m, n, k, "bf16", H100)
+        cols.update(e=e, top_k=top_k)
+        inputs = MF.problem_inputs(m, e, top_k, stage=stage, block_m=ct.params["block_m"][idx], routing=routing)
+        cols.update(inputs)
+        np.testing.assert_array_equal(fz.matrix(idx, m, n, k, e, top_k, inputs), F.compute(cols, "moe"))
+
+
+def test_feature_uses_labels_hold():
+    """A "problem" feature is one value over all candidates of a problem; a "config" feature does not
+    change with the problem (both checked on every candidate of the bf16 space)."""
+    ct = candidate_table("sm90", "bf16")
+    idx = np.arange(len(ct))
+    a = F.compute(runtime_cols(ct, idx, 33, 5120, 8192, "bf16", H100))
+    b = F.compute(runtime_cols(ct, idx, 4096, 1000, 1048, "bf16", H100))
+    for j, f in enumerate(F.REGISTRY):
+        if f.uses == "problem":
+            assert np.all(a[:, j] == a[0, j]), f.name
+        if f.uses == "config":
+            np.testing.assert_array_equal(a[:, j], b[:, j], err_msg=f.name)
+    assert {f.uses for f in F.REGISTRY} == set(F.USES)
+
+
+def test_feature_uses_must_be_known():
+    with pytest.raises(ValueError, match="uses must be one of"):
+        F.feature("brand_new", "doc", lambda c: c.m, uses="shape")
+    assert "brand_new" not in F.FEATURE_NAMES and all(f.name != "brand_new" for f in F.REGISTRY)

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from gemm_costmodel.serving import features as F
 from gemm_costmodel.serving import heuristic, runtime
 from gemm_costmodel.serving.candidates import table
 from gemm_costmodel.kernels.gemm_configs import Problem, check_feasible, config_from_id
@@ -47,7 +48,9 @@ def tiny_model_dir(tmp_path_factory) -> str:
         m = CostModel(TrainConfig(formulation="log_latency", n_estimators=20, max_depth=4)).fit(df)
         out = str(tmp_path_factory.mktemp("tiny-model"))
         export_model(m, df, out)
-        assert sorted(os.listdir(out)) == ["gemm-sm90.json", "gemm-sm90.onnx"]
+        # The decision model and its cascade (the first 4 of 20 trees, the other 16).
+        assert sorted(os.listdir(out)) == ["gemm-sm90-prefix.onnx", "gemm-sm90-suffix.onnx", "gemm-sm90.json",
+                                           "gemm-sm90.onnx"]
         _TINY["dir"] = out
     return _TINY["dir"]
 
@@ -93,8 +96,11 @@ def test_select_and_rank_with_the_model(disp, shape, dtype):
     assert [x.score for x in r] == sorted(x.score for x in r)
     assert len({x.candidate for x in r}) == len(r)
     assert all(_feasible(x.candidate, m, n, k, dtype) and x.predicted_us > 0 for x in r)
-    # select is the rank's first; a log2-latency model's estimate is 2**score.
-    assert r[0].candidate == c.candidate
+    # select is the rank's first (rank scores with the whole model), unless select's cascade missed
+    # the whole model's best (this tiny model's 4-tree prefix is coarse): then its pick scores worse.
+    if r[0].candidate != c.candidate:
+        assert disp.model_for(dtype).cascade is not None and c.score > r[0].score
+    # a log2-latency model's estimate is 2**score.
     assert c.predicted_us == pytest.approx(2.0 ** c.score)
     for count in (1, 2, 3):
         assert len(disp.rank(m, n, k, dtype, count=count)) <= count
@@ -362,6 +368,8 @@ def shipped_copy(tmp_path):
     for stem in ("gemm-sm90", "gemm-sm90-latency"):
         for ext in (".json", ".onnx"):
             shutil.copy(os.path.join(SHIPPED, stem + ext), dst / (stem + ext))
+    for part in ("prefix", "suffix"):
+        shutil.copy(os.path.join(SHIPPED, f"gemm-sm90-{part}.onnx"), dst / f"gemm-sm90-{part}.onnx")
     return dst
 
 
@@ -609,3 +617,74 @@ def test_serving_path_imports_no_training_stack():
             "bad=[m for m in ('xgboost','pandas','sklearn','onnxmltools') if m in sys.modules]; assert not bad, bad")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
+
+
+# -- the cascade (issue 18: the cold decision) ------------------------------------------------------
+def _cold_problems(count=120, seed=7):
+    rng = np.random.default_rng(seed)
+    return [(int(rng.choice([1, 2, 3, 7, 16, 33, 64, 100, 256, 1000, 4096, 4097, 16384])),
+             int(rng.choice([512, 1000, 2048, 4096, 5120, 14336, 28672])),
+             int(rng.choice([512, 896, 1048, 4096, 8192, 14336])), str(rng.choice(["bf16", "fp16", "fp8"])))
+            for _ in range(count)]
+
+
+def test_shipped_cascade_matches_the_whole_model():
+    """The shipped dense model's cascade (20 of 100 trees on every shortlisted candidate, the rest on
+    the best 16) picks what the whole model picks, with the whole model's score."""
+    d = Dispatcher(gpu_name=GPU, models_dir=SHIPPED)
+    assert d.model_for("bf16").cascade is not None, d.model_for("bf16").cascade_problem
+    plain = Dispatcher(gpu_name=GPU, models_dir=SHIPPED)
+    for dt in ("bf16", "fp16", "fp8"):
+        plain.model_for(dt).cascade = None
+    agree = 0
+    problems = _cold_problems()
+    for p in problems:
+        a, b = d.select(*p), plain.select(*p)
+        agree += a.candidate == b.candidate
+        if a.candidate == b.candidate:
+            assert a.score == pytest.approx(b.score, abs=1e-4)
+    assert agree == len(problems)
+    # rank() scores every candidate with the whole model: the same list.
+    assert [c.candidate for c in d.rank(64, 4096, 4096, "bf16", count=20)] == \
+        [c.candidate for c in plain.rank(64, 4096, 4096, "bf16", count=20)]
+
+
+def test_broken_cascade_scores_with_the_whole_model(shipped_copy):
+    (shipped_copy / "gemm-sm90-suffix.onnx").write_bytes(b"not a model")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DispatchWarning)  # a broken cascade costs speed, not a fallback
+        d = Dispatcher(gpu_name=GPU, models_dir=str(shipped_copy))
+        model = d.model_for("bf16")
+    assert model is not None and model.cascade is None
+    assert "gemm-sm90-suffix.onnx" in model.cascade_problem and "bytes" in model.cascade_problem
+    ref = Dispatcher(gpu_name=GPU, models_dir=SHIPPED)
+    for p in _cold_problems(count=20, seed=8):
+        assert d.select(*p).candidate == ref.select(*p).candidate
+    os.remove(shipped_copy / "gemm-sm90-prefix.onnx")
+    assert "missing" in Dispatcher(gpu_name=GPU, models_dir=str(shipped_copy)).model_for("fp16").cascade_problem
+
+
+def test_best_through_the_cascade_by_hand(model_dir):
+    """best(): with keep >= the rows, the whole model scores everything; otherwise only the prefix's
+    best `keep` rows get the suffix, and ties go to the lower tiebreak."""
+    d = Dispatcher(gpu_name=GPU, models_dir=model_dir)
+    model = d.model_for("fp16")
+    assert model.cascade is not None
+    prefix, suffix, _ = model.cascade
+    rows = np.random.default_rng(0).random((40, len(F.feature_names()))).astype(np.float32) * 10
+    tie = np.arange(40)
+    whole = model.score(rows)
+    model.cascade = (prefix, suffix, 40)
+    order, s = model.best(rows, tie, 1)
+    np.testing.assert_array_equal(order, np.lexsort((tie, whole))[:1])
+    order, s = model.best(rows, tie, 5)  # a ranking: the whole model, exact order
+    np.testing.assert_array_equal(order, np.lexsort((tie, whole))[:5])
+    np.testing.assert_allclose(s, whole[order], atol=0)
+    pre = model.score(rows, prefix)
+    kept = np.argsort(pre, kind="stable")[:3]
+    want = kept[np.lexsort((kept, whole[kept]))][:1]
+    # With keep 3: the best of the prefix's 3 best rows by their whole-model scores.
+    model.cascade = (prefix, suffix, 3)
+    order, s = model.best(rows, tie, 1)
+    np.testing.assert_array_equal(order, want)
+    np.testing.assert_allclose(s, whole[want], atol=1e-4)

@@ -23,6 +23,14 @@ from gemm_costmodel.serving.runtime import model_name  # defined there: the runt
 
 TARGET_OPSET = 15
 INPUT_NAME = "features"
+# The decision model's cascade (runtime: ``_OnnxModel.cascade``): its first CASCADE_PREFIX_FRACTION
+# of the trees score every candidate, and the rest only the CASCADE_KEEP best by that prefix. A
+# boosted ensemble's score is the sum of its trees, so the kept candidates get their exact full
+# score. On the H100 host the cold decision spent half its time in onnxruntime scoring ~135
+# candidates with 100 trees (issue 18); a 20-tree prefix and 16 kept gave the full model's pick
+# on every one of 300 cold problems (benchmarks/results/runtime/).
+CASCADE_PREFIX_FRACTION = 0.2
+CASCADE_KEEP = 16
 
 
 def as_regressor(booster):
@@ -48,6 +56,96 @@ def to_onnx(booster, n_features: int | None = None):
     n_features = n_features or booster.num_features()
     return convert_xgboost(reg, initial_types=[(INPUT_NAME, FloatTensorType([None, n_features]))],
                            target_opset=TARGET_OPSET)
+
+
+def tree_count(proto) -> int:
+    """Trees of a TreeEnsembleRegressor model (the ids run 0..n-1)."""
+    node = _ensemble_node(proto)
+    ids = next(a.ints for a in node.attribute if a.name == "nodes_treeids")
+    return int(max(ids)) + 1 if len(ids) else 0
+
+
+def _ensemble_node(proto):
+    nodes = [n for n in proto.graph.node if n.op_type == "TreeEnsembleRegressor"]
+    if len(proto.graph.node) != 1 or len(nodes) != 1:
+        raise ValueError("expected a model of one TreeEnsembleRegressor node (as onnxmltools writes an XGBoost "
+                         f"regressor), got {[n.op_type for n in proto.graph.node]}")
+    return nodes[0]
+
+
+def slice_trees(proto, lo: int, hi: int, keep_base: bool):
+    """A copy of a tree-ensemble model with only its trees lo..hi-1 (renumbered from 0), and its
+    base value only if keep_base: the outputs of [0, t) with keep_base and of [t, n) without sum
+    to the whole model's output."""
+    import copy
+
+    from onnx import helper
+
+    out = copy.deepcopy(proto)
+    node = _ensemble_node(out)
+    attrs = {a.name: a for a in node.attribute}
+    n_tree = list(attrs["nodes_treeids"].ints)
+    t_tree = list(attrs["target_treeids"].ints)
+    nodes = [i for i, t in enumerate(n_tree) if lo <= t < hi]
+    targets = [i for i, t in enumerate(t_tree) if lo <= t < hi]
+    if not nodes:
+        raise ValueError(f"no trees in [{lo}, {hi})")
+
+    def pick(a, rows):
+        vals = a.ints or a.floats or a.strings
+        return [vals[i] for i in rows]
+
+    new = []
+    for a in node.attribute:
+        if a.name == "nodes_treeids":
+            new.append(helper.make_attribute(a.name, [n_tree[i] - lo for i in nodes]))
+        elif a.name == "target_treeids":
+            new.append(helper.make_attribute(a.name, [t_tree[i] - lo for i in targets]))
+        elif a.name.startswith("nodes_"):
+            new.append(helper.make_attribute(a.name, pick(a, nodes)))
+        elif a.name.startswith("target_"):
+            new.append(helper.make_attribute(a.name, pick(a, targets)))
+        elif a.name == "base_values" and not keep_base:
+            new.append(helper.make_attribute(a.name, [0.0] * len(a.floats)))
+        else:
+            new.append(a)
+    del node.attribute[:]
+    node.attribute.extend(new)
+    return out
+
+
+def write_cascade(onnx_path: str, manifest_path: str, prefix_trees: int | None = None,
+                  keep: int = CASCADE_KEEP) -> dict | None:
+    """Split a decision model into <stem>-prefix.onnx (its first trees, with the base value) and
+    <stem>-suffix.onnx (the rest), and record them in its manifest under "cascade" (files, sizes,
+    sha256, prefix_trees, keep). The model itself is unchanged. prefix_trees defaults to
+    CASCADE_PREFIX_FRACTION of the trees. Returns the manifest entry, or None for a model with
+    too few trees to split (the manifest then has no cascade)."""
+    import onnx
+
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
+    proto = onnx.load(onnx_path)
+    n = tree_count(proto)
+    prefix_trees = max(1, round(n * CASCADE_PREFIX_FRACTION)) if prefix_trees is None else int(prefix_trees)
+    with open(manifest_path, encoding="utf-8") as fh:
+        manifest = json.load(fh)
+    entry = None
+    if 1 <= prefix_trees < n:
+        stem = onnx_path[: -len(".onnx")]
+        entry = {"prefix_trees": prefix_trees, "trees": n, "keep": int(keep)}
+        for part, (lo, hi, base) in (("prefix", (0, prefix_trees, True)), ("suffix", (prefix_trees, n, False))):
+            data = slice_trees(proto, lo, hi, base).SerializeToString()
+            with open(f"{stem}-{part}.onnx", "wb") as fh:
+                fh.write(data)
+            entry[part] = {"file": os.path.basename(f"{stem}-{part}.onnx"), "onnx_bytes": len(data),
+                           "onnx_sha256": hashlib.sha256(data).hexdigest()}
+    manifest.pop("cascade", None)
+    if entry is not None:
+        manifest["cascade"] = entry
+    with open(manifest_path, "w", encoding="utf-8") as fh:
+        json.dump(manifest, fh, indent=1, sort_keys=True)
+    return entry
 
 
 def _versions() -> dict:
@@ -120,4 +218,6 @@ def export(model, out_dir: str, op: str, dtypes: list[str], arch: str, space_has
     }
     with open(stem + ".json", "w", encoding="utf-8") as fh:
         json.dump(manifest, fh, indent=1, sort_keys=True)
+    if role == "decision":
+        write_cascade(stem + ".onnx", stem + ".json")
     return stem + ".onnx", stem + ".json"

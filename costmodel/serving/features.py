@@ -34,67 +34,197 @@ BASE_COLUMNS = ("m", "n", "k", "e", "top_k", "dtype_code", "variant_code", *PARA
                 "sm_count", "smem_per_sm_kb", "l2_mb", "peak_tflops", "hbm_gbps")
 
 
+# What a feature reads, which decides where the runtime computes it (``CandidateFeatures``):
+# "problem": the problem (M, N, K, E, top_k, dtype) and the GPU only: one value per decision;
+# "config": the candidate's config, its dtype and the GPU only: computed once per candidate table;
+# "both": anything (the default). Training computes every feature on every row the same way.
+USES = ("problem", "config", "both")
+
+
 @dataclass(frozen=True)
 class Feature:
     name: str
     doc: str
     fn: Callable[["_Ctx"], np.ndarray]
+    uses: str = "both"
+    # The value without the vendor rows' zeroing (tiled_only features), else None.
+    raw: Callable[["_Ctx"], np.ndarray] | None = None
 
 
 REGISTRY: list[Feature] = []
 
 
-def feature(name: str, doc: str, fn: Callable[["_Ctx"], np.ndarray]) -> None:
-    """Register a feature; registration order is the column order."""
+def feature(name: str, doc: str, fn: Callable[["_Ctx"], np.ndarray], uses: str = "both",
+            tiled_only: bool = False) -> None:
+    """Register a feature; registration order is the column order. ``uses`` says what it reads
+    (USES); a wrong "problem" or "config" label would make the runtime's cached columns differ
+    from training's: tests/test_features.py checks both paths for equality. ``tiled_only``: the
+    feature describes a tile and is 0 on vendor rows (fn's value is zeroed there); the runtime then
+    zeroes a block of such features in one step."""
     if any(f.name == name for f in REGISTRY):
         raise ValueError(f"feature {name!r} registered twice")
-    REGISTRY.append(Feature(name, doc, fn))
+    if uses not in USES:
+        raise ValueError(f"feature {name!r}: uses must be one of {', '.join(USES)}, got {uses!r}")
+    if tiled_only:
+        REGISTRY.append(Feature(name, doc, (lambda raw: lambda c: c.only_tiled(raw(c)))(fn), uses, fn))
+    else:
+        REGISTRY.append(Feature(name, doc, fn, uses))
+
+
+class cached_property:  # noqa: N801 - functools' own name and use
+    """functools.cached_property without its per-instance lock (Python < 3.12 takes one on every
+    first access, a large share of a cold decision's feature time). A _Ctx is never shared
+    between threads."""
+
+    def __init__(self, fn):
+        self.fn, self.name = fn, fn.__name__
+
+    def __get__(self, obj, cls=None):
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
+
+
+# _Ctx quantities that read only the config, its dtype and the GPU (like "config" features):
+# CandidateFeatures computes them once per table.
+CONFIG_QUANTITIES = ("is_vendor", "tiled", "bm", "bn", "bk", "sk", "warps", "stages", "smem", "occupancy")
 
 
 class _Ctx:
-    """Base columns as float64 arrays plus derived quantities shared by several features."""
+    """Base columns as float64 arrays plus derived quantities shared by several features.
 
-    def __init__(self, cols: Mapping[str, np.ndarray]):
+    Everything is computed on first use (``cached_property``; base columns through
+    ``__getattr__``): the runtime evaluates a few features at a time (``CandidateFeatures``), and
+    a quantity no requested feature reads is never computed."""
+
+    def __init__(self, cols: Mapping[str, np.ndarray], n_rows: int | None = None):
         # Columns stay as given: a scalar (one shape, many candidates at runtime) is
         # computed once and broadcast at the end, which halves the runtime cost.
-        n = max(np.size(v) for v in cols.values())
-        self.n_rows = n
-        g = {c: np.asarray(cols[c], dtype=np.float64) for c in BASE_COLUMNS}
-        self.__dict__.update(g)
-        dc = g["dtype_code"].astype(np.int64)
-        self.in_b = np.asarray(_IN_B)[dc]
-        self.out_b = np.asarray(_OUT_B)[dc]
-        v = g["variant_code"].astype(np.int64)
-        self.is_vendor = v == VARIANT_CODES["vendor"]
-        tiled = ~self.is_vendor
-        one = np.ones(np.shape(v))
-        # Vendor rows have no tile: use 1s so the arithmetic stays finite, then zero the results.
-        self.bm = np.where(tiled, g["block_m"], one)
-        self.bn = np.where(tiled, g["block_n"], one)
-        self.bk = np.where(tiled, g["block_k"], one)
-        self.sk = np.where(tiled, np.maximum(g["split_k"], 1), one)
-        self.warps = np.where(tiled, g["num_warps"], 4 * one)
-        self.stages = np.where(tiled, g["num_stages"], one)
-        self.tiled = tiled
-        # Experts: a dense GEMM is E=1, top_k=1; a grouped GEMM does top_k*M rows over E weights.
-        self.rows = self.m * self.top_k
-        self.tiles_m = np.ceil(self.rows / self.bm)
-        self.tiles_n = np.ceil(self.n / self.bn)
-        self.k_per_split = np.ceil(np.ceil(self.k / self.bk) / self.sk) * self.bk
-        self.k_iters = self.k_per_split / self.bk
-        self.programs = self.tiles_m * self.tiles_n * self.sk
-        self.smem = self.stages * (self.bm + self.bn) * self.bk * self.in_b
+        self._cols = cols
+        self.n_rows = max(np.size(v) for v in cols.values()) if n_rows is None else n_rows
+
+    def __getattr__(self, name):
+        # Only reached for names not set yet: the base columns, converted once.
+        cols = self.__dict__.get("_cols")
+        if cols is None or name not in BASE_COLUMNS:
+            raise AttributeError(name)
+        v = np.asarray(cols[name], dtype=np.float64)
+        self.__dict__[name] = v
+        return v
+
+    @cached_property
+    def _dc(self):
+        return self.dtype_code.astype(np.int64)
+
+    @cached_property
+    def in_b(self):
+        return np.asarray(_IN_B)[self._dc]
+
+    @cached_property
+    def out_b(self):
+        return np.asarray(_OUT_B)[self._dc]
+
+    @cached_property
+    def is_vendor(self):
+        return self.variant_code.astype(np.int64) == VARIANT_CODES["vendor"]
+
+    @cached_property
+    def tiled(self):
+        return ~self.is_vendor
+
+    @cached_property
+    def _one(self):
+        return np.ones(np.shape(self.variant_code))
+
+    # Vendor rows have no tile: use 1s so the arithmetic stays finite, then zero the results.
+    @cached_property
+    def bm(self):
+        return np.where(self.tiled, self.block_m, self._one)
+
+    @cached_property
+    def bn(self):
+        return np.where(self.tiled, self.block_n, self._one)
+
+    @cached_property
+    def bk(self):
+        return np.where(self.tiled, self.block_k, self._one)
+
+    @cached_property
+    def sk(self):
+        return np.where(self.tiled, np.maximum(self.split_k, 1), self._one)
+
+    @cached_property
+    def warps(self):
+        return np.where(self.tiled, self.num_warps, 4 * self._one)
+
+    @cached_property
+    def stages(self):
+        return np.where(self.tiled, self.num_stages, self._one)
+
+    # Experts: a dense GEMM is E=1, top_k=1; a grouped GEMM does top_k*M rows over E weights.
+    @cached_property
+    def rows(self):
+        return self.m * self.top_k
+
+    @cached_property
+    def tiles_m(self):
+        return np.ceil(self.rows / self.bm)
+
+    @cached_property
+    def tiles_n(self):
+        return np.ceil(self.n / self.bn)
+
+    @cached_property
+    def k_per_split(self):
+        return np.ceil(np.ceil(self.k / self.bk) / self.sk) * self.bk
+
+    @cached_property
+    def k_iters(self):
+        return self.k_per_split / self.bk
+
+    @cached_property
+    def programs(self):
+        return self.tiles_m * self.tiles_n * self.sk
+
+    @cached_property
+    def smem(self):
+        return self.stages * (self.bm + self.bn) * self.bk * self.in_b
+
+    @cached_property
+    def occupancy(self):
         occ_smem = np.floor(self.smem_per_sm_kb * 1024 / np.maximum(self.smem, 1))
         occ_warps = np.floor(64 / self.warps)
-        self.occupancy = np.clip(np.minimum(occ_smem, occ_warps), 1, 32)
-        self.slots = self.sm_count * self.occupancy
-        self.waves = self.programs / self.slots
-        self.flops = 2.0 * self.rows * self.n * self.k
-        self.min_bytes = (self.rows * self.k + self.e * self.n * self.k) * self.in_b + self.rows * self.n * self.out_b
-        self.peak = self.peak_tflops * 1e12
-        self.bw = self.hbm_gbps * 1e9
-        self.traffic = (self.programs * (self.bm + self.bn) * self.k_per_split * self.in_b
-                        + np.where(self.sk > 1, 2 * self.sk * self.rows * self.n * 4, 0))
+        return np.clip(np.minimum(occ_smem, occ_warps), 1, 32)
+
+    @cached_property
+    def slots(self):
+        return self.sm_count * self.occupancy
+
+    @cached_property
+    def waves(self):
+        return self.programs / self.slots
+
+    @cached_property
+    def flops(self):
+        return 2.0 * self.rows * self.n * self.k
+
+    @cached_property
+    def min_bytes(self):
+        return (self.rows * self.k + self.e * self.n * self.k) * self.in_b + self.rows * self.n * self.out_b
+
+    @cached_property
+    def peak(self):
+        return self.peak_tflops * 1e12
+
+    @cached_property
+    def bw(self):
+        return self.hbm_gbps * 1e9
+
+    @cached_property
+    def traffic(self):
+        return (self.programs * (self.bm + self.bn) * self.k_per_split * self.in_b
+                + np.where(self.sk > 1, 2 * self.sk * self.rows * self.n * 4, 0))
 
     def only_tiled(self, x):
         return np.where(self.tiled, x, 0.0)
@@ -105,57 +235,63 @@ def _log2(x):
 
 
 # -- raw inputs ------------------------------------------------------------
-feature("log2_m", "log2 rows of x (tokens)", lambda c: _log2(c.m))
-feature("log2_n", "log2 output features", lambda c: _log2(c.n))
-feature("log2_k", "log2 reduction dim", lambda c: _log2(c.k))
-feature("e", "experts (1 = dense)", lambda c: c.e)
-feature("top_k", "experts per token (1 = dense)", lambda c: c.top_k)
-feature("dtype_code", "input dtype code (DTYPE_CODES)", lambda c: c.dtype_code)
-feature("in_bytes", "input element bytes", lambda c: c.in_b)
-feature("variant_code", "kernel variant code (VARIANT_CODES)", lambda c: c.variant_code)
-feature("is_vendor", "vendor library (cuBLAS)", lambda c: c.is_vendor.astype(np.float64))
+feature("log2_m", "log2 rows of x (tokens)", lambda c: _log2(c.m), uses="problem")
+feature("log2_n", "log2 output features", lambda c: _log2(c.n), uses="problem")
+feature("log2_k", "log2 reduction dim", lambda c: _log2(c.k), uses="problem")
+feature("e", "experts (1 = dense)", lambda c: c.e, uses="problem")
+feature("top_k", "experts per token (1 = dense)", lambda c: c.top_k, uses="problem")
+feature("dtype_code", "input dtype code (DTYPE_CODES)", lambda c: c.dtype_code, uses="problem")
+feature("in_bytes", "input element bytes", lambda c: c.in_b, uses="problem")
+feature("variant_code", "kernel variant code (VARIANT_CODES)", lambda c: c.variant_code, uses="config")
+feature("is_vendor", "vendor library (cuBLAS)", lambda c: c.is_vendor.astype(np.float64), uses="config")
 for _p in PARAMS:
-    feature(_p, f"config parameter {_p} (0 = n/a)", (lambda p: lambda c: getattr(c, p))(_p))
+    feature(_p, f"config parameter {_p} (0 = n/a)", (lambda p: lambda c: getattr(c, p))(_p), uses="config")
 # -- the GPU, as numbers -----------------------------------------------------
-feature("sm_count", "streaming multiprocessors", lambda c: c.sm_count)
-feature("smem_per_sm_kb", "shared memory per SM, KiB", lambda c: c.smem_per_sm_kb)
-feature("l2_mb", "L2 cache, MiB", lambda c: c.l2_mb)
-feature("peak_tflops", "dense tensor-core peak for the dtype, TFLOP/s", lambda c: c.peak_tflops)
-feature("hbm_gbps", "HBM bandwidth, GB/s", lambda c: c.hbm_gbps)
+feature("sm_count", "streaming multiprocessors", lambda c: c.sm_count, uses="problem")
+feature("smem_per_sm_kb", "shared memory per SM, KiB", lambda c: c.smem_per_sm_kb, uses="problem")
+feature("l2_mb", "L2 cache, MiB", lambda c: c.l2_mb, uses="problem")
+feature("peak_tflops", "dense tensor-core peak for the dtype, TFLOP/s", lambda c: c.peak_tflops, uses="problem")
+feature("hbm_gbps", "HBM bandwidth, GB/s", lambda c: c.hbm_gbps, uses="problem")
 # -- derived: work decomposition ----------------------------------------------
-feature("tiles_m", "output tiles along M", lambda c: c.only_tiled(c.tiles_m))
-feature("tiles_n", "output tiles along N", lambda c: c.only_tiled(c.tiles_n))
-feature("log2_programs", "log2 programs (tiles x split-K)", lambda c: c.only_tiled(_log2(c.programs)))
-feature("occupancy", "programs resident per SM (shared memory and warp limits)", lambda c: c.only_tiled(c.occupancy))
-feature("waves", "programs / (SMs x occupancy)", lambda c: c.only_tiled(c.waves))
+feature("tiles_m", "output tiles along M", lambda c: c.tiles_m, tiled_only=True)
+feature("tiles_n", "output tiles along N", lambda c: c.tiles_n, tiled_only=True)
+feature("log2_programs", "log2 programs (tiles x split-K)", lambda c: _log2(c.programs), tiled_only=True)
+feature("occupancy", "programs resident per SM (shared memory and warp limits)",
+        lambda c: c.occupancy, uses="config", tiled_only=True)
+feature("waves", "programs / (SMs x occupancy)", lambda c: c.waves, tiled_only=True)
 feature("tail_fraction", "fill of the last wave (1 = full)",
-        lambda c: c.only_tiled(np.where(c.waves % 1 == 0, 1.0, c.waves % 1)))
+        lambda c: np.where(c.waves % 1 == 0, 1.0, c.waves % 1), tiled_only=True)
 feature("wave_efficiency", "programs / (waves rounded up x slots)",
-        lambda c: c.only_tiled(c.programs / (np.ceil(c.waves) * c.slots)))
-feature("sm_fill", "fraction of SMs with at least one program", lambda c: c.only_tiled(np.minimum(c.programs / c.sm_count, 1)))
-feature("pad_m", "wasted fraction of the padded M tiles", lambda c: c.only_tiled(1 - c.rows / (c.tiles_m * c.bm)))
-feature("pad_n", "wasted fraction of the padded N tiles", lambda c: c.only_tiled(1 - c.n / (c.tiles_n * c.bn)))
-feature("pad_k", "wasted fraction of the padded K slices", lambda c: c.only_tiled(1 - c.k / (c.k_per_split * c.sk)))
-feature("k_iters", "K-loop iterations per program", lambda c: c.only_tiled(c.k_iters))
-feature("m_fill", "rows / block_m (below 1: the tile is partly empty)", lambda c: c.only_tiled(c.rows / c.bm))
-feature("acc_per_thread", "fp32 accumulators per thread", lambda c: c.only_tiled(c.bm * c.bn / (c.warps * 32)))
-feature("smem_kb", "shared memory per program, KiB", lambda c: c.only_tiled(c.smem / 1024))
-feature("log2_tile_flops", "log2 FLOPs per program", lambda c: c.only_tiled(_log2(2 * c.bm * c.bn * c.k_per_split)))
+        lambda c: c.programs / (np.ceil(c.waves) * c.slots), tiled_only=True)
+feature("sm_fill", "fraction of SMs with at least one program",
+        lambda c: np.minimum(c.programs / c.sm_count, 1), tiled_only=True)
+feature("pad_m", "wasted fraction of the padded M tiles", lambda c: 1 - c.rows / (c.tiles_m * c.bm), tiled_only=True)
+feature("pad_n", "wasted fraction of the padded N tiles", lambda c: 1 - c.n / (c.tiles_n * c.bn), tiled_only=True)
+feature("pad_k", "wasted fraction of the padded K slices", lambda c: 1 - c.k / (c.k_per_split * c.sk), tiled_only=True)
+feature("k_iters", "K-loop iterations per program", lambda c: c.k_iters, tiled_only=True)
+feature("m_fill", "rows / block_m (below 1: the tile is partly empty)", lambda c: c.rows / c.bm, tiled_only=True)
+feature("acc_per_thread", "fp32 accumulators per thread",
+        lambda c: c.bm * c.bn / (c.warps * 32), uses="config", tiled_only=True)
+feature("smem_kb", "shared memory per program, KiB", lambda c: c.smem / 1024, uses="config", tiled_only=True)
+feature("log2_tile_flops", "log2 FLOPs per program", lambda c: _log2(2 * c.bm * c.bn * c.k_per_split), tiled_only=True)
 # -- derived: roofline -------------------------------------------------------
-feature("log2_flops", "log2 2*M*N*K", lambda c: _log2(c.flops))
-feature("log2_min_bytes", "log2 bytes that must move (inputs once, output once)", lambda c: _log2(c.min_bytes))
-feature("log2_intensity", "log2 FLOPs per minimum byte", lambda c: _log2(c.flops / c.min_bytes))
-feature("log2_t_compute_us", "log2 FLOPs / peak, us", lambda c: _log2(c.flops / c.peak * 1e6))
-feature("log2_t_memory_us", "log2 minimum bytes / HBM bandwidth, us", lambda c: _log2(c.min_bytes / c.bw * 1e6))
+feature("log2_flops", "log2 2*M*N*K", lambda c: _log2(c.flops), uses="problem")
+feature("log2_min_bytes", "log2 bytes that must move (inputs once, output once)",
+        lambda c: _log2(c.min_bytes), uses="problem")
+feature("log2_intensity", "log2 FLOPs per minimum byte", lambda c: _log2(c.flops / c.min_bytes), uses="problem")
+feature("log2_t_compute_us", "log2 FLOPs / peak, us", lambda c: _log2(c.flops / c.peak * 1e6), uses="problem")
+feature("log2_t_memory_us", "log2 minimum bytes / HBM bandwidth, us",
+        lambda c: _log2(c.min_bytes / c.bw * 1e6), uses="problem")
 feature("log2_t_roofline_us", "log2 max(compute, memory) time, us",
-        lambda c: _log2(np.maximum(c.flops / c.peak, c.min_bytes / c.bw) * 1e6))
+        lambda c: _log2(np.maximum(c.flops / c.peak, c.min_bytes / c.bw) * 1e6), uses="problem")
 feature("log2_t_waves_us", "log2 waves x per-program compute time at per-SM peak, us",
-        lambda c: c.only_tiled(_log2(np.ceil(c.waves) * c.occupancy * 2 * c.bm * c.bn * c.k_per_split
-                                     / (c.peak / c.sm_count) * 1e6)))
+        lambda c: _log2(np.ceil(c.waves) * c.occupancy * 2 * c.bm * c.bn * c.k_per_split
+                        / (c.peak / c.sm_count) * 1e6), tiled_only=True)
 feature("log2_traffic_bytes", "log2 operand bytes all programs load, plus split-K partials",
-        lambda c: c.only_tiled(_log2(c.traffic)))
-feature("traffic_over_l2", "operand traffic / L2 size", lambda c: c.only_tiled(c.traffic / (c.l2_mb * 2**20)))
-feature("log2_t_traffic_us", "log2 traffic / HBM bandwidth, us", lambda c: c.only_tiled(_log2(c.traffic / c.bw * 1e6)))
+        lambda c: _log2(c.traffic), tiled_only=True)
+feature("traffic_over_l2", "operand traffic / L2 size", lambda c: c.traffic / (c.l2_mb * 2**20), tiled_only=True)
+feature("log2_t_traffic_us", "log2 traffic / HBM bandwidth, us",
+        lambda c: _log2(c.traffic / c.bw * 1e6), tiled_only=True)
 
 FEATURE_NAMES = tuple(f.name for f in REGISTRY)
 
@@ -210,12 +346,91 @@ def compute(cols: Mapping[str, np.ndarray], op: str = "gemm") -> np.ndarray:
     ctx = _Ctx(cols)
     extra = mod.compute(ctx, cols) if mod is not None else None
     width = len(REGISTRY) + (extra.shape[1] if extra is not None else 0)
-    out = np.empty((ctx.n_rows, width), dtype=np.float32)
+    # Filled a feature at a time into a (features, rows) buffer: a contiguous row per feature is
+    # far cheaper to write than a strided column; the transpose is a view.
+    out = np.empty((width, ctx.n_rows), dtype=np.float32)
     for j, f in enumerate(REGISTRY):
-        out[:, j] = f.fn(ctx)
+        out[j] = f.fn(ctx)
     if extra is not None:
-        out[:, len(REGISTRY):] = extra
-    return out
+        out[len(REGISTRY):] = extra.T
+    return np.ascontiguousarray(out.T)
+
+
+class CandidateFeatures:
+    """The runtime's feature rows of one candidate table (one op, dtype and GPU), equal to
+    ``compute`` on the same base columns, computed in three parts:
+
+    - "config" features (USES) of every candidate once, here;
+    - "problem" features once per decision, on one row, then broadcast;
+    - "both" features over the decision's candidates only.
+
+    A cold decision then evaluates about a third of the features over its candidates, which is
+    what its time goes to (issue 18: the cold decision on the GPU host). Ops with features of
+    their own (``op_features``) compute those over the candidates as in ``compute``.
+
+    params: {PARAMS name: array over the table}, variant_code: array over the table."""
+
+    def __init__(self, params: Mapping[str, np.ndarray], variant_code: np.ndarray, dtype: str, spec: GpuSpec,
+                 op: str = "gemm"):
+        self.op, self.dtype, self.spec = op, dtype, spec
+        self._mod = op_features(op)
+        self._params = {p: np.asarray(params[p], dtype=np.float64) for p in PARAMS}
+        self._variant = np.asarray(variant_code, dtype=np.float64)
+        self._gpu = gpu_columns(spec, dtype)
+        self._dtype_code = DTYPE_CODES[dtype]
+        self._problem = [(j, f.fn) for j, f in enumerate(REGISTRY) if f.uses == "problem"]
+        both = [f for f in REGISTRY if f.uses == "both"]
+        # "both" features that are 0 on vendor rows are computed raw into one block and zeroed
+        # there in one step; the others one by one.
+        self._both_tiled = np.array([REGISTRY.index(f) for f in both if f.raw is not None], dtype=np.intp)
+        self._both_tiled_fns = [f.raw for f in both if f.raw is not None]
+        self._both_rest = [(REGISTRY.index(f), f.fn) for f in both if f.raw is None]
+        cfg = [(j, f.fn) for j, f in enumerate(REGISTRY) if f.uses == "config"]
+        self._config_cols = np.array([j for j, _ in cfg], dtype=np.intp)
+        # Any problem will do: "config" features and CONFIG_QUANTITIES do not read it.
+        ctx = _Ctx(self._columns(1, 1, 1, 1, 1, self._params, self._variant))
+        n = len(self._variant)
+        self._config = np.empty((len(cfg), n), dtype=np.float64)
+        for r, (_, fn) in enumerate(cfg):
+            self._config[r] = fn(ctx)
+        # Every per-candidate input of a decision's context in one array, gathered in one step.
+        self._names = (*PARAMS, "variant_code", *CONFIG_QUANTITIES)
+        self._stack = np.stack([np.broadcast_to(np.asarray(v, dtype=np.float64), (n,)) for v in
+                                (*self._params.values(), self._variant,
+                                 *(getattr(ctx, q) for q in CONFIG_QUANTITIES))])
+        self._bool = {"is_vendor", "tiled"}
+        self.width = len(REGISTRY) + (len(self._mod.NAMES) if self._mod is not None else 0)
+
+    def _columns(self, m, n, k, e, top_k, params, variant) -> dict:
+        return {"m": m, "n": n, "k": k, "e": e, "top_k": top_k, "dtype_code": self._dtype_code,
+                "variant_code": variant, **params, **self._gpu}
+
+    def matrix(self, idx: np.ndarray, m: int, n: int, k: int, e: int = 1, top_k: int = 1,
+               extra_inputs: Mapping | None = None) -> np.ndarray:
+        """Feature rows (len(idx), width), float32, of the candidates idx (table indices) for one
+        problem; extra_inputs: the op's own inputs (``op_features(op).problem_inputs``)."""
+        idx = np.asarray(idx, dtype=np.intp)
+        # float64 rows, one conversion to float32 at the end (as compute's per-row casts round).
+        out = np.empty((self.width, len(idx)))
+        out[self._config_cols] = self._config[:, idx]
+        g = self._stack[:, idx]
+        cols = {"m": m, "n": n, "k": k, "e": e, "top_k": top_k, "dtype_code": self._dtype_code, **self._gpu}
+        ctx = _Ctx(cols, len(idx))
+        for r, name in enumerate(self._names):
+            cols[name] = ctx.__dict__[name] = g[r] if name not in self._bool else g[r] != 0
+        # The problem's columns are scalars here: "problem" features come out as one value each.
+        for j, fn in self._problem:
+            out[j] = fn(ctx)
+        block = np.empty((len(self._both_tiled_fns), len(idx)))
+        for r, fn in enumerate(self._both_tiled_fns):
+            block[r] = fn(ctx)
+        out[self._both_tiled] = np.where(ctx.tiled, block, 0.0)
+        for j, fn in self._both_rest:
+            out[j] = fn(ctx)
+        if self._mod is not None:
+            cols.update(extra_inputs or {})
+            out[len(REGISTRY):] = self._mod.compute(ctx, cols).T
+        return out.T.astype(np.float32, order="C")
 
 
 def gpu_columns(spec: GpuSpec, dtype: str) -> dict:

@@ -137,6 +137,26 @@ class _OnnxModel:
         so.inter_op_num_threads = 1
         self.session = ort.InferenceSession(onnx_path, sess_options=so, providers=["CPUExecutionProvider"])
         self.manifest = manifest
+        # The cascade (export.write_cascade): the prefix trees score every candidate, the suffix
+        # trees only the `keep` best by the prefix; None (score with the whole model) when the
+        # manifest has none or its files do not match it (cascade_problem says why).
+        self.cascade, self.cascade_problem = None, None
+        cas = manifest.get("cascade")
+        if isinstance(cas, dict):
+            try:
+                sessions = []
+                for part in ("prefix", "suffix"):
+                    path = os.path.join(os.path.dirname(onnx_path), os.path.basename(str(cas[part]["file"])))
+                    problem = _integrity_problem(path, cas[part]) if os.path.isfile(path) else "missing"
+                    if problem:
+                        raise ValueError(f"{os.path.basename(path)}: {problem}")
+                    sessions.append(ort.InferenceSession(path, sess_options=so, providers=["CPUExecutionProvider"]))
+                keep = cas["keep"]
+                if type(keep) is not int or keep < 1:
+                    raise ValueError(f"keep must be an int >= 1, got {keep!r}")
+                self.cascade = (sessions[0], sessions[1], keep)
+            except Exception as exc:  # noqa: BLE001 - a broken cascade only costs speed: score with the whole model
+                self.cascade_problem = f"cascade not used ({type(exc).__name__}: {str(exc)[:160]})"
         self.input_name = manifest.get("input_name", self.session.get_inputs()[0].name)
         self.sign = float(manifest.get("score_sign", 1.0))
         self.latency = bool(manifest.get("predicts_log2_latency_us", False))
@@ -159,9 +179,27 @@ class _OnnxModel:
             self._masks[key] = mask
         return mask
 
-    def score(self, X: np.ndarray) -> np.ndarray:
-        out = self.session.run(None, {self.input_name: np.ascontiguousarray(X, dtype=np.float32)})[0]
+    def score(self, X: np.ndarray, session=None) -> np.ndarray:
+        out = (session or self.session).run(None, {self.input_name: np.ascontiguousarray(X, dtype=np.float32)})[0]
         return self.sign * np.asarray(out, dtype=np.float64).reshape(-1)
+
+    def best(self, X: np.ndarray, tiebreak: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, scores) of the count best rows of X (lowest score first; ties by tiebreak), with
+        their whole-model scores. A single pick (select) goes through the cascade when it is loaded
+        and more than `keep` rows compete: rows outside the prefix's best never get the suffix.
+        A ranking (rank, count > 1) scores every row with the whole model, so its order is exact."""
+        n = len(X)
+        if self.cascade is not None and count == 1:
+            prefix, suffix, keep = self.cascade
+            if n > keep:
+                s = self.score(X, prefix)
+                top = np.argpartition(s, keep - 1)[:keep]
+                s = s[top] + self.score(X[top], suffix)
+                order = np.lexsort((tiebreak[top], s))[:count]
+                return top[order], s[order]
+        s = self.score(X)
+        order = np.lexsort((tiebreak, s))[:count]
+        return order, s[order]
 
 
 def model_name(op: str, arch: str, role: str = "decision") -> str:
@@ -336,6 +374,8 @@ class Dispatcher:
         self._cache_size = max(int(cache_size), 1)
         self._lock = threading.Lock()
         self._models: dict[str, _OnnxModel | None] = {}
+        # (arch, dtype, op) -> F.CandidateFeatures; filled under the GIL, a racing duplicate is harmless.
+        self._featurizers: dict[tuple, F.CandidateFeatures] = {}
         self._latency_models: dict[str, _OnnxModel | None] = {}
         self._model_lock = threading.Lock()
         self._warned: set[str] = set()
@@ -439,14 +479,23 @@ class Dispatcher:
         ct = candidate_table(self.space_arch, dtype, self.op)
         return ct, np.flatnonzero(ct.feasible_mask(m, n, k))
 
+    def _featurizer(self, ct) -> F.CandidateFeatures:
+        """The table's CandidateFeatures on this GPU (its config-only columns computed once)."""
+        key = (ct.arch, ct.dtype, ct.op)
+        fz = self._featurizers.get(key)
+        if fz is None:
+            fz = self._featurizers[key] = F.CandidateFeatures(ct.params, ct.variant_code, ct.dtype, self.spec, ct.op)
+        return fz
+
     def _features(self, ct, idx, m, n, k, dtype, e, top_k, extra=()) -> np.ndarray:
-        params = {p: ct.params[p][idx] for p in F.PARAMS}
-        cols = F.problem_columns(m, n, k, dtype, self.spec, ct.variant_code[idx], params, e, top_k)
+        """Feature rows of the candidates idx of table ct: equal to F.compute on the same problem
+        (tests/test_features.py), with the config-only columns taken from the table's cache."""
         mod = F.op_features(self.op)
+        inputs = None
         if mod is not None:
-            cols.update(mod.problem_inputs(m, e, top_k, block_m=params["block_m"],
-                                           **dict(zip(self._extra_names, extra))))
-        return F.compute(cols, self.op)
+            inputs = mod.problem_inputs(m, e, top_k, block_m=ct.params["block_m"][idx],
+                                        **dict(zip(self._extra_names, extra)))
+        return self._featurizer(ct).matrix(idx, m, n, k, e, top_k, inputs)
 
     def _latencies(self, X: np.ndarray, dtype: str):
         """Predicted latencies (us) of feature rows X from the latency companion, or None."""
@@ -479,11 +528,10 @@ class Dispatcher:
                 # The shortlist narrows what the model scores, not what the heuristic sees on a failure.
                 scored = idx[sl[idx]] if sl is not None and sl[idx].any() else idx
                 X = self._features(ct, scored, m, n, k, dtype, e, top_k, extra)
-                s = model.score(X)
-                order = np.lexsort((scored, s))[:count]
-                lat = np.exp2(s[order]) if model.latency else self._latencies(X[order], dtype)
-                return [Choice(ct.ids[scored[i]], "model", None if lat is None else float(t), float(s[i]))
-                        for i, t in zip(order, lat if lat is not None else [None] * len(order))]
+                order, s = model.best(X, scored, count)
+                lat = np.exp2(s) if model.latency else self._latencies(X[order], dtype)
+                return [Choice(ct.ids[scored[i]], "model", None if lat is None else float(t), float(si))
+                        for i, si, t in zip(order, s, lat if lat is not None else [None] * len(order))]
             except Exception as exc:  # noqa: BLE001 - the serving path never raises for a model problem
                 reason = f"model scoring failed ({type(exc).__name__}: {str(exc)[:120]})"
                 self.fallback_reasons[dtype] = reason
