@@ -62,6 +62,9 @@ class OpSpec:
     # A numpy-only module of the op's own features (appended to the shared ones; see
     # serving.features.op_features), '' for none.
     features: str = ""
+    # The decision model's cascade at export (learning.export.write_cascade): "prefix_fraction"
+    # of the trees score every candidate, the rest the "keep" best; defaults there.
+    cascade: dict = field(default_factory=dict)
 
     # -- the space (torch-free) ---------------------------------------------------------
     def space_module(self) -> ModuleType:
@@ -145,7 +148,10 @@ REGISTRY: dict[str, OpSpec] = {
         default_config="tiled_m128n128k64_g8_w4s3", fallback="gemm_costmodel.serving.heuristic:choose",
         split_key=("n", "k"),
         suites={"foundation": "gemm_costmodel.data.shapes:foundation_suite",
-                "train": "gemm_costmodel.data.shapes:training_suite"}),
+                "train": "gemm_costmodel.data.shapes:training_suite"},
+        # 16 kept: the whole model's pick on all 500 cold problems, twice, on the H100 host
+        # (benchmarks/results/runtime/h100-host-cascade/), at the least onnxruntime time.
+        cascade={"keep": 16}),
     # vLLM's w8a8 block-fp8 linear; the vendor candidate is torch._scaled_mm with cuBLASLt's
     # blockwise scaling (sm90).
     "fp8_blockscale": OpSpec(

@@ -175,7 +175,11 @@ def test_cascade_parts_sum_to_the_model(exported, formulation):
     runtime-built rows; the manifest names both files with their sizes and digests."""
     _, onnx_path, man = exported[formulation]
     cas = man["cascade"]
-    assert (cas["trees"], cas["prefix_trees"], cas["keep"]) == (20, 4, X.CASCADE_KEEP)
+    # The dense op's registry entry keeps 16 (the default is X.CASCADE_KEEP).
+    from gemm_costmodel import registry
+
+    assert (cas["trees"], cas["prefix_trees"], cas["keep"]) == (20, 4, registry.get("gemm").cascade["keep"])
+    assert registry.get("moe").cascade.get("keep", X.CASCADE_KEEP) == X.CASCADE_KEEP == 32
     d = os.path.dirname(onnx_path)
     rows = random_rows(seed=3, shapes=12)
     parts = []

@@ -630,7 +630,7 @@ def _cold_problems(count=120, seed=7):
 
 def test_shipped_cascade_matches_the_whole_model():
     """The shipped dense model's cascade (20 of 100 trees on every shortlisted candidate, the rest on
-    the best 16) picks what the whole model picks, with the whole model's score."""
+    the best 32) picks what the whole model picks, with the whole model's score."""
     d = Dispatcher(gpu_name=GPU, models_dir=SHIPPED)
     assert d.model_for("bf16").cascade is not None, d.model_for("bf16").cascade_problem
     plain = Dispatcher(gpu_name=GPU, models_dir=SHIPPED)

@@ -27,10 +27,12 @@ INPUT_NAME = "features"
 # of the trees score every candidate, and the rest only the CASCADE_KEEP best by that prefix. A
 # boosted ensemble's score is the sum of its trees, so the kept candidates get their exact full
 # score. On the H100 host the cold decision spent half its time in onnxruntime scoring ~135
-# candidates with 100 trees (issue 18); a 20-tree prefix and 16 kept gave the full model's pick
-# on every one of 300 cold problems (benchmarks/results/runtime/).
+# candidates with 100 trees (issue 18). The dense model's 20-tree prefix with 16 kept gave the
+# whole model's pick on every one of 500 cold problems; the 300-tree fp8_blockscale and MoE models
+# (60-tree prefixes) missed it on 10 of 449 and 376 evaluation problems with 16 kept, on 1 each
+# with 32 (models/NOTES.md).
 CASCADE_PREFIX_FRACTION = 0.2
-CASCADE_KEEP = 16
+CASCADE_KEEP = 32
 
 
 def as_regressor(booster):
@@ -56,6 +58,11 @@ def to_onnx(booster, n_features: int | None = None):
     n_features = n_features or booster.num_features()
     return convert_xgboost(reg, initial_types=[(INPUT_NAME, FloatTensorType([None, n_features]))],
                            target_opset=TARGET_OPSET)
+
+
+def tree_count_of(model) -> int:
+    """Trees of a fitted CostModel's booster (one per boosting round: one target)."""
+    return int(model.booster_.num_boosted_rounds())
 
 
 def tree_count(proto) -> int:
@@ -219,5 +226,10 @@ def export(model, out_dir: str, op: str, dtypes: list[str], arch: str, space_has
     with open(stem + ".json", "w", encoding="utf-8") as fh:
         json.dump(manifest, fh, indent=1, sort_keys=True)
     if role == "decision":
-        write_cascade(stem + ".onnx", stem + ".json")
+        from gemm_costmodel import registry
+
+        opts = registry.get(op).cascade
+        n = tree_count_of(model)
+        prefix = max(1, round(n * opts.get("prefix_fraction", CASCADE_PREFIX_FRACTION)))
+        write_cascade(stem + ".onnx", stem + ".json", prefix_trees=prefix, keep=opts.get("keep", CASCADE_KEEP))
     return stem + ".onnx", stem + ".json"
