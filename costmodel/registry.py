@@ -16,7 +16,9 @@ runtime, the CLI) asks the registry instead of importing an op's modules:
   ``fallback`` decision rule, the held-out ``split_key``, the
   ``suites`` of shapes, ``extra_features`` (added to the shared feature list; they
   enter the op's schema hash, so a new op never invalidates another op's model), and
-  ``baselines``, the op's own baselines for the held-out evaluation (e.g. vLLM's tables).
+  ``baselines``, the op's own baselines for the held-out evaluation (e.g. vLLM's tables);
+- ``train_defaults`` (TrainConfig defaults), ``features`` (the op's own feature module) and
+  ``cascade`` (how export splits the decision model for the runtime's cascade).
 
 Adding an op: a folder of its own under kernels/ (space + implementation), a suite
 function, and one line in ``REGISTRY`` below; see README "Adding an op".
