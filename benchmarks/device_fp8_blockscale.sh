@@ -9,6 +9,7 @@
 #   benchmarks/device_fp8_blockscale.sh OUT WAIT [TRAIN_SHARDS]
 # TRAIN_SHARDS (default "0/24") lists the training shards to sweep, in order, e.g. "1/24 2/24".
 set -uo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/device_watch.sh"
 out="$1"; wait_s="$2"; train_shards="${3:-0/24}"
 run=/tmp/fp8bs
 mkdir -p "$out" "$run"
@@ -31,17 +32,6 @@ if ! kill -0 "$(cat "$run/pid" 2>/dev/null)" 2>/dev/null && [ ! -f "$run/done" ]
         touch $run/done' >"$run/driver.out" 2>"$run/driver.err" &
     echo $! >"$run/pid"
 fi
-start=$(date +%s)
-while :; do
-    alive=0; kill -0 "$(cat "$run/pid")" 2>/dev/null && alive=1
-    counts=$(for f in "$run"/*.jsonl; do [ -f "$f" ] && printf "%s=%s " "$(basename "$f" .jsonl)" "$(wc -l <"$f")"; done)
-    echo "$(date +%T) alive=$alive $counts"
-    [ "$alive" = 0 ] && break
-    [ $(( $(date +%s) - start )) -ge "$wait_s" ] && break
-    sleep 20
-done
-for f in "$run"/*-shard*.jsonl; do [ -f "$f" ] && gzip -c "$f" >"$out/$(basename "$f").gz"; done
+watch_and_collect "$run" "$out" "$wait_s"
 cp "$run/probe.jsonl" "$out/" 2>/dev/null
-tar czf "$out/logs.tar.gz" -C "$run" $(cd "$run" && ls *.shapes.log driver.out driver.err probe.err 2>/dev/null) 2>/dev/null
-tail -n 30 "$run/driver.err"
 exit 0

@@ -13,6 +13,7 @@
 #
 #   benchmarks/device_gemv.sh OUT WAIT
 set -uo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/device_watch.sh"
 out="$1"; wait_s="$2"
 run=/tmp/gemv
 lists=benchmarks/results/gemv
@@ -35,17 +36,5 @@ if ! kill -0 "$(cat "$run/pid" 2>/dev/null)" 2>/dev/null && [ ! -f "$run/done" ]
         touch $run/done' >"$run/driver.out" 2>"$run/driver.err" &
     echo $! >"$run/pid"
 fi
-start=$(date +%s)
-while :; do
-    alive=0; kill -0 "$(cat "$run/pid")" 2>/dev/null && alive=1
-    counts=$(for f in "$run"/*.jsonl; do [ -f "$f" ] && printf "%s=%s " "$(basename "$f" .jsonl)" "$(wc -l <"$f")"; done)
-    echo "$(date +%T) alive=$alive $counts"
-    [ "$alive" = 0 ] && break
-    [ $(( $(date +%s) - start )) -ge "$wait_s" ] && break
-    sleep 20
-done
-# Only the shards this machine wrote: a call returns a limited number of files.
-for f in $(find "$run" -name '*-shard*.jsonl' -newer "$run/pid"); do gzip -c "$f" >"$out/$(basename "$f").gz"; done
-tar czf "$out/logs.tar.gz" -C "$run" $(cd "$run" && ls *.shapes.log driver.out driver.err 2>/dev/null) 2>/dev/null
-tail -n 30 "$run/driver.err"
+watch_and_collect "$run" "$out" "$wait_s" new
 exit 0

@@ -14,6 +14,7 @@
 #
 #   benchmarks/device_redo.sh OUT WAIT [TRAIN_SHARDS]
 set -uo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/device_watch.sh"
 out="$1"; wait_s="$2"; train_shards="${3:-1/8 2/8}"
 run=/tmp/redo
 mkdir -p "$out" "$run"
@@ -33,17 +34,5 @@ if ! kill -0 "$(cat "$run/pid" 2>/dev/null)" 2>/dev/null && [ ! -f "$run/done" ]
         touch $run/done' >"$run/driver.out" 2>"$run/driver.err" &
     echo $! >"$run/pid"
 fi
-start=$(date +%s)
-while :; do
-    alive=0; kill -0 "$(cat "$run/pid")" 2>/dev/null && alive=1
-    counts=$(for f in "$run"/*.jsonl; do [ -f "$f" ] && printf "%s=%s " "$(basename "$f" .jsonl)" "$(wc -l <"$f")"; done)
-    echo "$(date +%T) alive=$alive $counts"
-    [ "$alive" = 0 ] && break
-    [ $(( $(date +%s) - start )) -ge "$wait_s" ] && break
-    sleep 30
-done
-# Only shards this driver wrote (or resumed): at most 8 files come back from a call.
-for f in "$run"/*-shard*.jsonl; do [ -f "$f" ] && gzip -c "$f" >"$out/$(basename "$f").gz"; done
-tar czf "$out/logs.tar.gz" -C "$run" $(cd "$run" && ls *.shapes.log driver.out driver.err 2>/dev/null) 2>/dev/null
-tail -n 20 "$run/driver.err"
+watch_and_collect "$run" "$out" "$wait_s"
 exit 0

@@ -1,0 +1,26 @@
+# Sourced by the benchmarks/device_*.sh drivers: the part every call shares once its driver runs.
+#
+#   watch_and_collect RUN OUT WAIT [new] [INTERVAL]
+# Prints the row count of every shard under RUN every INTERVAL s (default 20) until the driver whose pid is in
+# RUN/pid exits or WAIT seconds pass, then gzips the shards into OUT ("new": only those written
+# since the driver started, as a call returns at most 8 files), packs the per-shape logs and the
+# driver's output into OUT/logs.tar.gz, and prints the driver's last lines of stderr.
+watch_and_collect() {
+    local run="$1" out="$2" wait_s="$3" only_new="${4:-}" interval="${5:-20}" start alive counts f
+    start=$(date +%s)
+    while :; do
+        alive=0; kill -0 "$(cat "$run/pid")" 2>/dev/null && alive=1
+        counts=$(for f in "$run"/*.jsonl; do [ -f "$f" ] && printf "%s=%s " "$(basename "$f" .jsonl)" "$(wc -l <"$f")"; done)
+        echo "$(date +%T) alive=$alive $counts"
+        [ "$alive" = 0 ] && break
+        [ $(( $(date +%s) - start )) -ge "$wait_s" ] && break
+        sleep "$interval"
+    done
+    if [ "$only_new" = new ]; then
+        for f in $(find "$run" -name '*-shard*.jsonl' -newer "$run/pid"); do gzip -c "$f" >"$out/$(basename "$f").gz"; done
+    else
+        for f in "$run"/*-shard*.jsonl; do [ -f "$f" ] && gzip -c "$f" >"$out/$(basename "$f").gz"; done
+    fi
+    tar czf "$out/logs.tar.gz" -C "$run" $(cd "$run" && ls *.shapes.log driver.out driver.err probe.err 2>/dev/null) 2>/dev/null
+    tail -n 30 "$run/driver.err"
+}
