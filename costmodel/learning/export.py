@@ -60,11 +60,6 @@ def to_onnx(booster, n_features: int | None = None):
                            target_opset=TARGET_OPSET)
 
 
-def tree_count_of(model) -> int:
-    """Trees of a fitted CostModel's booster (one per boosting round: one target)."""
-    return int(model.booster_.num_boosted_rounds())
-
-
 def tree_count(proto) -> int:
     """Trees of a TreeEnsembleRegressor model (the ids run 0..n-1)."""
     node = _ensemble_node(proto)
@@ -122,11 +117,11 @@ def slice_trees(proto, lo: int, hi: int, keep_base: bool):
 
 
 def write_cascade(onnx_path: str, manifest_path: str, prefix_trees: int | None = None,
-                  keep: int = CASCADE_KEEP) -> dict | None:
+                  keep: int = CASCADE_KEEP, prefix_fraction: float = CASCADE_PREFIX_FRACTION) -> dict | None:
     """Split a decision model into <stem>-prefix.onnx (its first trees, with the base value) and
     <stem>-suffix.onnx (the rest), and record them in its manifest under "cascade" (files, sizes,
     sha256, prefix_trees, keep). The model itself is unchanged. prefix_trees defaults to
-    CASCADE_PREFIX_FRACTION of the trees. Returns the manifest entry, or None for a model with
+    prefix_fraction of the trees. Returns the manifest entry, or None for a model with
     too few trees to split (the manifest then has no cascade)."""
     import onnx
 
@@ -134,7 +129,7 @@ def write_cascade(onnx_path: str, manifest_path: str, prefix_trees: int | None =
         raise ValueError(f"keep must be >= 1, got {keep}")
     proto = onnx.load(onnx_path)
     n = tree_count(proto)
-    prefix_trees = max(1, round(n * CASCADE_PREFIX_FRACTION)) if prefix_trees is None else int(prefix_trees)
+    prefix_trees = max(1, round(n * prefix_fraction)) if prefix_trees is None else int(prefix_trees)
     with open(manifest_path, encoding="utf-8") as fh:
         manifest = json.load(fh)
     entry = None
@@ -229,7 +224,6 @@ def export(model, out_dir: str, op: str, dtypes: list[str], arch: str, space_has
         from gemm_costmodel import registry
 
         opts = registry.get(op).cascade
-        n = tree_count_of(model)
-        prefix = max(1, round(n * opts.get("prefix_fraction", CASCADE_PREFIX_FRACTION)))
-        write_cascade(stem + ".onnx", stem + ".json", prefix_trees=prefix, keep=opts.get("keep", CASCADE_KEEP))
+        write_cascade(stem + ".onnx", stem + ".json", keep=opts.get("keep", CASCADE_KEEP),
+                      prefix_fraction=opts.get("prefix_fraction", CASCADE_PREFIX_FRACTION))
     return stem + ".onnx", stem + ".json"

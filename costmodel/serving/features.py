@@ -361,7 +361,7 @@ class CandidateFeatures:
     ``compute`` on the same base columns, computed in three parts:
 
     - "config" features (USES) of every candidate once, here;
-    - "problem" features once per decision, on one row, then broadcast;
+    - "problem" features once per decision, as scalars, then broadcast;
     - "both" features over the decision's candidates only.
 
     A cold decision then evaluates about a third of the features over its candidates, which is
@@ -374,8 +374,8 @@ class CandidateFeatures:
                  op: str = "gemm"):
         self.op, self.dtype, self.spec = op, dtype, spec
         self._mod = op_features(op)
-        self._params = {p: np.asarray(params[p], dtype=np.float64) for p in PARAMS}
-        self._variant = np.asarray(variant_code, dtype=np.float64)
+        params = {p: np.asarray(params[p], dtype=np.float64) for p in PARAMS}
+        variant = np.asarray(variant_code, dtype=np.float64)
         self._gpu = gpu_columns(spec, dtype)
         self._dtype_code = DTYPE_CODES[dtype]
         self._problem = [(j, f.fn) for j, f in enumerate(REGISTRY) if f.uses == "problem"]
@@ -388,22 +388,18 @@ class CandidateFeatures:
         cfg = [(j, f.fn) for j, f in enumerate(REGISTRY) if f.uses == "config"]
         self._config_cols = np.array([j for j, _ in cfg], dtype=np.intp)
         # Any problem will do: "config" features and CONFIG_QUANTITIES do not read it.
-        ctx = _Ctx(self._columns(1, 1, 1, 1, 1, self._params, self._variant))
-        n = len(self._variant)
+        ctx = _Ctx(problem_columns(1, 1, 1, dtype, spec, variant, params))
+        n = len(variant)
         self._config = np.empty((len(cfg), n), dtype=np.float64)
         for r, (_, fn) in enumerate(cfg):
             self._config[r] = fn(ctx)
         # Every per-candidate input of a decision's context in one array, gathered in one step.
         self._names = (*PARAMS, "variant_code", *CONFIG_QUANTITIES)
         self._stack = np.stack([np.broadcast_to(np.asarray(v, dtype=np.float64), (n,)) for v in
-                                (*self._params.values(), self._variant,
+                                (*(params[p] for p in PARAMS), variant,
                                  *(getattr(ctx, q) for q in CONFIG_QUANTITIES))])
         self._bool = {"is_vendor", "tiled"}
         self.width = len(REGISTRY) + (len(self._mod.NAMES) if self._mod is not None else 0)
-
-    def _columns(self, m, n, k, e, top_k, params, variant) -> dict:
-        return {"m": m, "n": n, "k": k, "e": e, "top_k": top_k, "dtype_code": self._dtype_code,
-                "variant_code": variant, **params, **self._gpu}
 
     def matrix(self, idx: np.ndarray, m: int, n: int, k: int, e: int = 1, top_k: int = 1,
                extra_inputs: Mapping | None = None) -> np.ndarray:
