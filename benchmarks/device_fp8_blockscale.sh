@@ -3,7 +3,7 @@
 # driver process in its own session runs, in order, the vendor probe, the correctness gate
 # on odd shapes, the evaluation sweep (every candidate) and a training shard (a sample of
 # candidates per shape); it outlives the call that started it, and each call watches it for
-# up to WAIT seconds and copies the gzipped shards to OUT. A fresh machine resumes from the
+# up to WAIT seconds and copies the gzipped shards it wrote to OUT (at most 8 come back). A fresh machine resumes from the
 # shards committed under datasets/raw/ and benchmarks/results/fp8_blockscale/.
 #
 #   benchmarks/device_fp8_blockscale.sh OUT WAIT [TRAIN_SHARDS]
@@ -32,6 +32,6 @@ if ! kill -0 "$(cat "$run/pid" 2>/dev/null)" 2>/dev/null && [ ! -f "$run/done" ]
         touch $run/done' >"$run/driver.out" 2>"$run/driver.err" &
     echo $! >"$run/pid"
 fi
-watch_and_collect "$run" "$out" "$wait_s"
+watch_and_collect "$run" "$out" "$wait_s" new
 cp "$run/probe.jsonl" "$out/" 2>/dev/null
 exit 0

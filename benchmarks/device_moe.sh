@@ -3,7 +3,7 @@
 # its own session runs, in order, the vendor probe, the correctness gate on odd shapes (bf16 and
 # fp8), the vLLM-tuned shapes and the held-out evaluation shapes (every candidate), then training
 # shards (a sample of candidates per shape); it outlives the call that started it, and each call
-# watches it for up to WAIT seconds and copies the gzipped shards to OUT. A fresh machine resumes
+# watches it for up to WAIT seconds and copies the gzipped shards it wrote to OUT (a call returns at most 8 files). A fresh machine resumes
 # from the shards committed under datasets/raw/ and benchmarks/results/moe/.
 #
 #   benchmarks/device_moe.sh OUT WAIT [TRAIN_SHARDS] [DTYPE]
@@ -33,6 +33,6 @@ if ! kill -0 "$(cat "$run/pid" 2>/dev/null)" 2>/dev/null && [ ! -f "$run/done$sf
         touch $run/done'"$sfx"'' >"$run/driver.out" 2>"$run/driver.err" &
     echo $! >"$run/pid"
 fi
-watch_and_collect "$run" "$out" "$wait_s"
+watch_and_collect "$run" "$out" "$wait_s" new
 cp "$run/probe.jsonl" "$out/vendor_probe.jsonl" 2>/dev/null
 exit 0

@@ -34,5 +34,5 @@ if ! kill -0 "$(cat "$run/pid" 2>/dev/null)" 2>/dev/null && [ ! -f "$run/done" ]
         touch $run/done' >"$run/driver.out" 2>"$run/driver.err" &
     echo $! >"$run/pid"
 fi
-watch_and_collect "$run" "$out" "$wait_s"
+watch_and_collect "$run" "$out" "$wait_s" new
 exit 0
