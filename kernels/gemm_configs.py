@@ -335,9 +335,31 @@ class ConfigArrays:
         self.swapab = (variants == "swapab") | self.swapab_tma  # either swap-AB kernel
         self.gemv = variants == "gemv"
         self.params = param_arrays(configs, config_params, PARAM_NAMES)
-        # Problem-independent parts of the rules, computed once (the runtime applies them per decision).
+        # Problem-independent parts of the rules, computed once (the runtime applies them per decision):
+        # each rule is then at most one numpy call per problem (issue 18: the cold decision).
         self.split = self.splitk | ((self.swapab | self.gemv) & (self.params["split_k"] > 1))
         self.block_k = np.maximum(self.params["block_k"], 1)
+        self.split_short_k, self.split_sk = split_rule_arrays(self.split, self.params["split_k"], self.block_k)
+        # The token-count rules' masks, one per value that swapab_tokens / gemv_rows can return.
+        self.swapab_mismatch = token_mismatch(self.swapab, self.params["block_m"], SWAPAB_TOKENS)
+        self.gemv_mismatch = token_mismatch(self.gemv, self.params["block_m"], GEMV_ROWS)
+
+
+def split_rule_arrays(split, split_k, block_k):
+    """(short_k, sk) for the split-K rules of a space, as one comparison per problem each:
+    ceil(K / block_k) < split_k  <=>  K <= (split_k - 1) * block_k  =  short_k (0 on rows that do
+    not split), and split_k * M * N * 4 > limit  <=>  sk > limit // (M * N * 4) with sk = split_k
+    (0 on rows that do not split); both exact for positive ints, and the second never forms the
+    int64 product of the problem's sizes (which wraps for M * N near 2**60)."""
+    import numpy as np
+
+    return np.where(split, (split_k - 1) * block_k, 0), np.where(split, split_k, 0)
+
+
+def token_mismatch(flag, block_m, counts) -> dict:
+    """{count: flag & (block_m != count)} for every count a token rule can ask (``counts`` and
+    0, the 'too large' answer): the rule looks its mask up instead of computing it per problem."""
+    return {t: flag & (block_m != t) for t in (*counts, 0)}
 
 
 # The per-problem feasibility rules, the ONE source of them: (applies(problem) -> bool,
@@ -366,22 +388,22 @@ PROBLEM_RULES = (
      lambda p, c: f"swap-AB is a decode kernel: M={p.m} > {SWAPAB_MAX_M}"),
     # One tile column covers every token: the one token count that covers M.
     (lambda p: True,
-     lambda a, p: a.swapab & (a.params["block_m"] != swapab_tokens(p.m)),
+     lambda a, p: a.swapab_mismatch[swapab_tokens(p.m)],
      lambda p, c: f"swap-AB tile has {c['block_m']} tokens; M={p.m} takes {swapab_tokens(p.m)}"),
     (lambda p: p.m > GEMV_MAX_M,
      lambda a, p: a.gemv,
      lambda p, c: f"GEMV is for M <= {GEMV_MAX_M}: M={p.m}"),
     (lambda p: True,
-     lambda a, p: a.gemv & (a.params["block_m"] != gemv_rows(p.m)),
+     lambda a, p: a.gemv_mismatch[gemv_rows(p.m)],
      lambda p, c: f"GEMV computes {c['block_m']} token rows; M={p.m} takes {gemv_rows(p.m)}"),
     (lambda p: bool((p.k * _E[p.dtype]) % 16),
      lambda a, p: a.swapab_tma,
      lambda p, c: "TMA needs K * element size divisible by 16"),
     (lambda p: True,
-     lambda a, p: a.split & (-(-p.k // a.block_k) < a.params["split_k"]),
+     lambda a, p: a.split_short_k >= p.k,  # ceil(K / block_k) < split_k (split_rule_arrays)
      lambda p, c: f"K={p.k} has {-(-p.k // c['block_k'])} k-tiles < split_k={c['split_k']}"),
     (lambda p: True,
-     lambda a, p: a.split & (a.params["split_k"] * p.m * p.n * 4 > SPLITK_WORKSPACE_LIMIT),
+     lambda a, p: a.split_sk > SPLITK_WORKSPACE_LIMIT // (p.m * p.n * 4),  # split_k * M * N * 4 > limit
      lambda p, c: "split-K workspace above limit"),
 )
 

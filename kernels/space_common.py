@@ -30,11 +30,14 @@ def rules_mask(rules, arrays, problem):
     """Boolean array: which configs of ``arrays`` satisfy every rule for ``problem``."""
     import numpy as np
 
-    ok = np.ones(arrays.n, dtype=bool)
+    # The violations are OR-ed and inverted once: one numpy call per applying rule, not two. A rule
+    # may return an array of ``arrays`` itself (a.vendor): it is never written to.
+    bad = None
     for applies, violated, _ in rules:
         if applies(problem):
-            ok &= ~violated(arrays, problem)
-    return ok
+            v = violated(arrays, problem)
+            bad = v if bad is None else bad | v
+    return np.ones(arrays.n, dtype=bool) if bad is None else ~bad
 
 
 def first_violation(rules, arrays_of_one, problem, params: dict) -> str:

@@ -283,3 +283,38 @@ def test_feature_uses_must_be_known():
     with pytest.raises(ValueError, match="uses must be one of"):
         F.feature("brand_new", "doc", lambda c: c.m, uses="shape")
     assert "brand_new" not in F.FEATURE_NAMES and all(f.name != "brand_new" for f in F.REGISTRY)
+
+
+def test_feature_fn_is_log2_and_tile_zeroing_of_its_arg():
+    """fn (training) is only_tiled(_log2(arg)) as the flags say; the runtime evaluates arg and
+    applies the log2s and the zeroing per block (CandidateFeatures)."""
+    ct = candidate_table("sm90", "bf16")
+    idx = np.arange(len(ct))
+    ctx = F._Ctx(runtime_cols(ct, idx, 33, 5120, 8192, "bf16", H100))
+    for f in F.REGISTRY:
+        want = f.arg(ctx)
+        if f.log2:
+            want = np.log2(np.maximum(want, 1e-30))
+        if f.tiled_only:
+            want = np.where(ctx.tiled, want, 0.0)
+        np.testing.assert_array_equal(f.fn(ctx), want, err_msg=f.name)
+    assert {f.name for f in F.REGISTRY if f.log2} >= {"log2_m", "log2_flops", "log2_programs", "log2_t_waves_us"}
+
+
+def test_candidate_features_general_registry(monkeypatch):
+    """CandidateFeatures' paths that the shipped registry does not take (a "both" feature that is
+    not tiled-only, beside tiled-only ones; a log2 "both" feature that is not tiled-only; a
+    tiled-only "problem"-labelled one) still equal compute."""
+    monkeypatch.setattr(F, "REGISTRY", list(F.REGISTRY))
+    F.feature("test_log2_rows_per_bn", "test", lambda c: c.rows / c.bn, log2=True)
+    F.feature("test_n_per_bk", "test", lambda c: c.n / c.bk)
+    F.feature("test_tiled_k", "test", lambda c: c.k + 0 * c.bm, uses="problem", tiled_only=True)
+    monkeypatch.setattr(F, "FEATURE_NAMES", tuple(f.name for f in F.REGISTRY))
+    ct = candidate_table("sm90", "fp8")
+    fz = F.CandidateFeatures(ct.params, ct.variant_code, "fp8", H100)
+    assert fz._both_tiled is not None
+    for m, n, k in ((1, 4096, 4096), (4097, 333, 517)):
+        idx = np.flatnonzero(ct.feasible_mask(m, n, k))
+        want = F.compute(runtime_cols(ct, idx, m, n, k, "fp8", H100))
+        assert want.shape[1] == len(F.REGISTRY)
+        np.testing.assert_array_equal(fz.matrix(idx, m, n, k), want)

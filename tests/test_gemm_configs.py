@@ -337,3 +337,38 @@ def test_gemv_is_for_m_up_to_2_with_one_row_count():
     assert config_from_id("gemv_m2n8k256_s2_w4s1") == GemvConfig(2, 8, 256, 2, 4, 1)
     assert config_params(GemvConfig(2, 8, 256, 2, 4, 1)) == dict(
         block_m=2, block_n=8, block_k=256, group_m=1, split_k=2, num_warps=4, num_stages=1)
+
+
+@pytest.mark.parametrize("op", ["gemm", "fp8_blockscale"])
+def test_precomputed_rule_arrays_give_the_formulas_answers(op):
+    """The split-K and token-count rules read arrays precomputed per space (ConfigArrays, issue 18's
+    cold decision): on every config and a grid of problems they answer as the formulas they stand
+    for, computed here with Python ints (exact, also where M * N * 4 * split_k passes 2**63)."""
+    import numpy as np
+
+    from gemm_costmodel import registry
+
+    S = registry.get(op).space_module()
+    for dtype in registry.get(op).dtypes:
+        cfgs = S.generate_configs("sm90", dtype)
+        a = S.ConfigArrays(cfgs)
+        params = [S.config_params(c) for c in cfgs]
+        split = [bool(s) for s in a.split]
+        swapab = [bool(s) for s in a.swapab]
+        for m in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 128, 4097, 2**29, 2**31 - 1):
+            t = G.swapab_tokens(m)
+            want = [sw and c["block_m"] != t for sw, c in zip(swapab, params)]
+            assert a.swapab_mismatch[t].tolist() == want, (m, t)
+            if op == "gemm":
+                r = G.gemv_rows(m)
+                want = [bool(gv) and c["block_m"] != r for gv, c in zip(a.gemv, params)]
+                assert a.gemv_mismatch[r].tolist() == want, (m, r)
+            for n in (1, 16, 4096, 2**31 - 1):
+                want = [sp and c["split_k"] * m * n * 4 > S.SPLITK_WORKSPACE_LIMIT for sp, c in zip(split, params)]
+                assert (a.split_sk > S.SPLITK_WORKSPACE_LIMIT // (m * n * 4)).tolist() == want, (m, n)
+        for k in (1, 63, 64, 65, 127, 128, 129, 255, 256, 257, 1000, 4096, 2**31 - 1):
+            want = [sp and -(-k // max(c["block_k"], 1)) < c["split_k"] for sp, c in zip(split, params)]
+            assert (a.split_short_k >= k).tolist() == want, k
+        assert np.array_equal(S.problem_mask(a, S.Problem(7, 4096, 128, dtype)),
+                              [S.check_feasible(c, S.Problem(7, 4096, 128, dtype))[0] or
+                               not S.static_feasible(c, S.ARCHS["sm90"], dtype)[0] for c in cfgs])

@@ -47,28 +47,35 @@ class Feature:
     doc: str
     fn: Callable[["_Ctx"], np.ndarray]
     uses: str = "both"
-    # The value without the vendor rows' zeroing (tiled_only features), else None.
-    raw: Callable[["_Ctx"], np.ndarray] | None = None
+    # fn is only_tiled(log2(arg)) where tiled_only / log2 say so (``feature``); the runtime
+    # evaluates arg and applies the log2s and the vendor zeroing of many features in one step each.
+    tiled_only: bool = False
+    log2: bool = False
+    arg: Callable[["_Ctx"], np.ndarray] | None = None
 
 
 REGISTRY: list[Feature] = []
 
 
 def feature(name: str, doc: str, fn: Callable[["_Ctx"], np.ndarray], uses: str = "both",
-            tiled_only: bool = False) -> None:
+            tiled_only: bool = False, log2: bool = False) -> None:
     """Register a feature; registration order is the column order. ``uses`` says what it reads
     (USES); a wrong "problem" or "config" label would make the runtime's cached columns differ
-    from training's: tests/test_features.py checks both paths for equality. ``tiled_only``: the
-    feature describes a tile and is 0 on vendor rows (fn's value is zeroed there); the runtime then
-    zeroes a block of such features in one step."""
+    from training's: tests/test_features.py checks both paths for equality. ``log2``: the feature
+    is ``_log2(fn(c))``. ``tiled_only``: the feature describes a tile and is 0 on vendor rows (the
+    value, after the log2, is zeroed there). Training evaluates the composed function per
+    feature; the runtime (``CandidateFeatures``) evaluates fn per feature and the log2s and the
+    zeroing once per block of features: the same elementwise operations, so the same values."""
     if any(f.name == name for f in REGISTRY):
         raise ValueError(f"feature {name!r} registered twice")
     if uses not in USES:
         raise ValueError(f"feature {name!r}: uses must be one of {', '.join(USES)}, got {uses!r}")
+    full = fn
+    if log2:
+        full = (lambda a: lambda c: _log2(a(c)))(full)
     if tiled_only:
-        REGISTRY.append(Feature(name, doc, (lambda raw: lambda c: c.only_tiled(raw(c)))(fn), uses, fn))
-    else:
-        REGISTRY.append(Feature(name, doc, fn, uses))
+        full = (lambda a: lambda c: c.only_tiled(a(c)))(full)
+    REGISTRY.append(Feature(name, doc, full, uses, tiled_only, log2, fn))
 
 
 class cached_property:  # noqa: N801 - functools' own name and use
@@ -88,7 +95,8 @@ class cached_property:  # noqa: N801 - functools' own name and use
 
 # _Ctx quantities that read only the config, its dtype and the GPU (like "config" features):
 # CandidateFeatures computes them once per table.
-CONFIG_QUANTITIES = ("is_vendor", "tiled", "bm", "bn", "bk", "sk", "warps", "stages", "smem", "occupancy")
+CONFIG_QUANTITIES = ("is_vendor", "tiled", "bm", "bn", "bk", "sk", "warps", "stages", "smem", "occupancy",
+                     "slots", "tile_edge", "tile_mn2", "partials_per_output")
 
 
 class _Ctx:
@@ -221,10 +229,34 @@ class _Ctx:
     def bw(self):
         return self.hbm_gbps * 1e9
 
+    # Config-only parts of the formulas below (CONFIG_QUANTITIES: once per table at run time), each
+    # the same operations in the same order as written out in the formula, so the same values.
+    @cached_property
+    def tile_edge(self):
+        return self.bm + self.bn
+
+    @cached_property
+    def tile_mn2(self):
+        return 2 * self.bm * self.bn
+
+    @cached_property
+    def partials_per_output(self):
+        # fp32 partials written and read per output element and split (0 without split-K): 0 * x
+        # adds +0.0 to a positive traffic, which leaves it unchanged, as np.where(split, x, 0) did.
+        return np.where(self.sk > 1, 2 * self.sk, 0.0)
+
     @cached_property
     def traffic(self):
-        return (self.programs * (self.bm + self.bn) * self.k_per_split * self.in_b
-                + np.where(self.sk > 1, 2 * self.sk * self.rows * self.n * 4, 0))
+        return (self.programs * self.tile_edge * self.k_per_split * self.in_b
+                + self.partials_per_output * self.rows * self.n * 4)
+
+    @cached_property
+    def full_waves(self):
+        return np.ceil(self.waves)
+
+    @cached_property
+    def waves_frac(self):
+        return self.waves % 1
 
     def only_tiled(self, x):
         return np.where(self.tiled, x, 0.0)
@@ -235,9 +267,9 @@ def _log2(x):
 
 
 # -- raw inputs ------------------------------------------------------------
-feature("log2_m", "log2 rows of x (tokens)", lambda c: _log2(c.m), uses="problem")
-feature("log2_n", "log2 output features", lambda c: _log2(c.n), uses="problem")
-feature("log2_k", "log2 reduction dim", lambda c: _log2(c.k), uses="problem")
+feature("log2_m", "log2 rows of x (tokens)", lambda c: c.m, uses="problem", log2=True)
+feature("log2_n", "log2 output features", lambda c: c.n, uses="problem", log2=True)
+feature("log2_k", "log2 reduction dim", lambda c: c.k, uses="problem", log2=True)
 feature("e", "experts (1 = dense)", lambda c: c.e, uses="problem")
 feature("top_k", "experts per token (1 = dense)", lambda c: c.top_k, uses="problem")
 feature("dtype_code", "input dtype code (DTYPE_CODES)", lambda c: c.dtype_code, uses="problem")
@@ -255,14 +287,14 @@ feature("hbm_gbps", "HBM bandwidth, GB/s", lambda c: c.hbm_gbps, uses="problem")
 # -- derived: work decomposition ----------------------------------------------
 feature("tiles_m", "output tiles along M", lambda c: c.tiles_m, tiled_only=True)
 feature("tiles_n", "output tiles along N", lambda c: c.tiles_n, tiled_only=True)
-feature("log2_programs", "log2 programs (tiles x split-K)", lambda c: _log2(c.programs), tiled_only=True)
+feature("log2_programs", "log2 programs (tiles x split-K)", lambda c: c.programs, tiled_only=True, log2=True)
 feature("occupancy", "programs resident per SM (shared memory and warp limits)",
         lambda c: c.occupancy, uses="config", tiled_only=True)
 feature("waves", "programs / (SMs x occupancy)", lambda c: c.waves, tiled_only=True)
 feature("tail_fraction", "fill of the last wave (1 = full)",
-        lambda c: np.where(c.waves % 1 == 0, 1.0, c.waves % 1), tiled_only=True)
+        lambda c: np.where(c.waves_frac == 0, 1.0, c.waves_frac), tiled_only=True)
 feature("wave_efficiency", "programs / (waves rounded up x slots)",
-        lambda c: c.programs / (np.ceil(c.waves) * c.slots), tiled_only=True)
+        lambda c: c.programs / (c.full_waves * c.slots), tiled_only=True)
 feature("sm_fill", "fraction of SMs with at least one program",
         lambda c: np.minimum(c.programs / c.sm_count, 1), tiled_only=True)
 feature("pad_m", "wasted fraction of the padded M tiles", lambda c: 1 - c.rows / (c.tiles_m * c.bm), tiled_only=True)
@@ -273,25 +305,28 @@ feature("m_fill", "rows / block_m (below 1: the tile is partly empty)", lambda c
 feature("acc_per_thread", "fp32 accumulators per thread",
         lambda c: c.bm * c.bn / (c.warps * 32), uses="config", tiled_only=True)
 feature("smem_kb", "shared memory per program, KiB", lambda c: c.smem / 1024, uses="config", tiled_only=True)
-feature("log2_tile_flops", "log2 FLOPs per program", lambda c: _log2(2 * c.bm * c.bn * c.k_per_split), tiled_only=True)
+feature("log2_tile_flops", "log2 FLOPs per program", lambda c: c.tile_mn2 * c.k_per_split,
+        tiled_only=True, log2=True)
 # -- derived: roofline -------------------------------------------------------
-feature("log2_flops", "log2 2*M*N*K", lambda c: _log2(c.flops), uses="problem")
+feature("log2_flops", "log2 2*M*N*K", lambda c: c.flops, uses="problem", log2=True)
 feature("log2_min_bytes", "log2 bytes that must move (inputs once, output once)",
-        lambda c: _log2(c.min_bytes), uses="problem")
-feature("log2_intensity", "log2 FLOPs per minimum byte", lambda c: _log2(c.flops / c.min_bytes), uses="problem")
-feature("log2_t_compute_us", "log2 FLOPs / peak, us", lambda c: _log2(c.flops / c.peak * 1e6), uses="problem")
+        lambda c: c.min_bytes, uses="problem", log2=True)
+feature("log2_intensity", "log2 FLOPs per minimum byte", lambda c: c.flops / c.min_bytes, uses="problem",
+        log2=True)
+feature("log2_t_compute_us", "log2 FLOPs / peak, us", lambda c: c.flops / c.peak * 1e6, uses="problem",
+        log2=True)
 feature("log2_t_memory_us", "log2 minimum bytes / HBM bandwidth, us",
-        lambda c: _log2(c.min_bytes / c.bw * 1e6), uses="problem")
+        lambda c: c.min_bytes / c.bw * 1e6, uses="problem", log2=True)
 feature("log2_t_roofline_us", "log2 max(compute, memory) time, us",
-        lambda c: _log2(np.maximum(c.flops / c.peak, c.min_bytes / c.bw) * 1e6), uses="problem")
+        lambda c: np.maximum(c.flops / c.peak, c.min_bytes / c.bw) * 1e6, uses="problem", log2=True)
 feature("log2_t_waves_us", "log2 waves x per-program compute time at per-SM peak, us",
-        lambda c: _log2(np.ceil(c.waves) * c.occupancy * 2 * c.bm * c.bn * c.k_per_split
-                        / (c.peak / c.sm_count) * 1e6), tiled_only=True)
+        lambda c: c.full_waves * c.occupancy * 2 * c.bm * c.bn * c.k_per_split / (c.peak / c.sm_count) * 1e6,
+        tiled_only=True, log2=True)
 feature("log2_traffic_bytes", "log2 operand bytes all programs load, plus split-K partials",
-        lambda c: _log2(c.traffic), tiled_only=True)
+        lambda c: c.traffic, tiled_only=True, log2=True)
 feature("traffic_over_l2", "operand traffic / L2 size", lambda c: c.traffic / (c.l2_mb * 2**20), tiled_only=True)
 feature("log2_t_traffic_us", "log2 traffic / HBM bandwidth, us",
-        lambda c: _log2(c.traffic / c.bw * 1e6), tiled_only=True)
+        lambda c: c.traffic / c.bw * 1e6, tiled_only=True, log2=True)
 
 FEATURE_NAMES = tuple(f.name for f in REGISTRY)
 
@@ -356,17 +391,40 @@ def compute(cols: Mapping[str, np.ndarray], op: str = "gemm") -> np.ndarray:
     return np.ascontiguousarray(out.T)
 
 
+# _Ctx quantities that read only the dtype and the GPU: CandidateFeatures keeps them as scalars.
+TABLE_SCALARS = ("dtype_code", "sm_count", "smem_per_sm_kb", "l2_mb", "peak_tflops", "hbm_gbps", "_dc", "in_b",
+                 "out_b", "peak", "bw")
+
+
+def _scalar(v):
+    """A 0-d array as its numpy scalar (same value): an operation on a numpy scalar costs about a
+    tenth of one on a 0-d array, and a decision's problem quantities are all scalars."""
+    return v[()] if isinstance(v, np.ndarray) and v.ndim == 0 else v
+
+
+def _log2_inplace(block: np.ndarray) -> None:
+    """``_log2`` of a contiguous block, in place: the same two ufuncs, elementwise."""
+    np.maximum(block, 1e-30, out=block)
+    np.log2(block, out=block)
+
+
 class CandidateFeatures:
     """The runtime's feature rows of one candidate table (one op, dtype and GPU), equal to
     ``compute`` on the same base columns, computed in three parts:
 
     - "config" features (USES) of every candidate once, here;
-    - "problem" features once per decision, as scalars, then broadcast;
+    - "problem" features once per decision, as numpy scalars (not 0-d arrays), then broadcast;
     - "both" features over the decision's candidates only.
 
     A cold decision then evaluates about a third of the features over its candidates, which is
-    what its time goes to (issue 18: the cold decision on the GPU host). Ops with features of
-    their own (``op_features``) compute those over the candidates as in ``compute``.
+    what its time goes to (issue 18: the cold decision on the GPU host). Per decision, the cost
+    is the number of numpy calls, not their size (~150 candidates): so the config features and
+    every per-candidate input of the context (CONFIG_QUANTITIES) sit in one array, gathered in
+    one call; the dtype's and the GPU's quantities (TABLE_SCALARS) are scalars computed once; each
+    feature's ``arg`` is evaluated alone, but the log2 of all "log2" features of a part is one
+    call over a contiguous block, and the vendor rows of the tiled-only features are zeroed in one
+    call. Ops with features of their own (``op_features``) compute those over the candidates as
+    in ``compute``.
 
     params: {PARAMS name: array over the table}, variant_code: array over the table."""
 
@@ -376,29 +434,35 @@ class CandidateFeatures:
         self._mod = op_features(op)
         params = {p: np.asarray(params[p], dtype=np.float64) for p in PARAMS}
         variant = np.asarray(variant_code, dtype=np.float64)
-        self._gpu = gpu_columns(spec, dtype)
-        self._dtype_code = DTYPE_CODES[dtype]
-        self._problem = [(j, f.fn) for j, f in enumerate(REGISTRY) if f.uses == "problem"]
-        both = [f for f in REGISTRY if f.uses == "both"]
-        # "both" features that are 0 on vendor rows are computed raw into one block and zeroed
-        # there in one step; the others one by one.
-        self._both_tiled = np.array([REGISTRY.index(f) for f in both if f.raw is not None], dtype=np.intp)
-        self._both_tiled_fns = [f.raw for f in both if f.raw is not None]
-        self._both_rest = [(REGISTRY.index(f), f.fn) for f in both if f.raw is None]
-        cfg = [(j, f.fn) for j, f in enumerate(REGISTRY) if f.uses == "config"]
-        self._config_cols = np.array([j for j, _ in cfg], dtype=np.intp)
-        # Any problem will do: "config" features and CONFIG_QUANTITIES do not read it.
-        ctx = _Ctx(problem_columns(1, 1, 1, dtype, spec, variant, params))
         n = len(variant)
-        self._config = np.empty((len(cfg), n), dtype=np.float64)
-        for r, (_, fn) in enumerate(cfg):
-            self._config[r] = fn(ctx)
-        # Every per-candidate input of a decision's context in one array, gathered in one step.
-        self._names = (*PARAMS, "variant_code", *CONFIG_QUANTITIES)
-        self._stack = np.stack([np.broadcast_to(np.asarray(v, dtype=np.float64), (n,)) for v in
-                                (*(params[p] for p in PARAMS), variant,
-                                 *(getattr(ctx, q) for q in CONFIG_QUANTITIES))])
-        self._bool = {"is_vendor", "tiled"}
+        # Any problem will do: "config" features, CONFIG_QUANTITIES and TABLE_SCALARS do not read it.
+        ctx = _Ctx(problem_columns(1, 1, 1, dtype, spec, variant, params))
+        self._scalars = {q: _scalar(getattr(ctx, q)) for q in TABLE_SCALARS}
+        pos = {f.name: j for j, f in enumerate(REGISTRY)}
+        cfg = [f for f in REGISTRY if f.uses == "config"]
+        # A tiled-only feature varies over the candidates (it is 0 on vendor rows): never a scalar.
+        prob = [f for f in REGISTRY if f.uses == "problem" and not f.tiled_only]
+        both = [f for f in REGISTRY if f.uses != "config" and f.name not in {g.name for g in prob}]
+        # The log2 features first in each part: their log2 is one call over the leading rows.
+        prob.sort(key=lambda f: not f.log2)
+        both.sort(key=lambda f: not f.log2)
+        self._config_cols = np.array([pos[f.name] for f in cfg], dtype=np.intp)
+        self._problem_cols = np.array([pos[f.name] for f in prob], dtype=np.intp)
+        self._problem_args = [f.arg for f in prob]
+        self._problem_nlog = sum(f.log2 for f in prob)
+        self._both_cols = np.array([pos[f.name] for f in both], dtype=np.intp)
+        self._both_args = [f.arg for f in both]
+        self._both_nlog = sum(f.log2 for f in both)
+        tiled_rows = [r for r, f in enumerate(both) if f.tiled_only]
+        # None: every "both" feature is tiled-only (the shipped registry), zeroed in one call.
+        self._both_tiled = None if len(tiled_rows) == len(both) else np.array(tiled_rows, dtype=np.intp)
+        # Per candidate: the config features' values, then the context's per-candidate inputs.
+        self._names = (*PARAMS, "variant_code", *(q for q in CONFIG_QUANTITIES if q not in ("is_vendor", "tiled")))
+        rows = [f.fn(ctx) for f in cfg] + [getattr(ctx, q) for q in self._names]
+        self._stack = np.stack([np.broadcast_to(np.asarray(v, dtype=np.float64), (n,)) for v in rows])
+        self._nc = len(cfg)
+        self._is_vendor = np.asarray(ctx.is_vendor, dtype=bool)
+        self._tiled = ~self._is_vendor
         self.width = len(REGISTRY) + (len(self._mod.NAMES) if self._mod is not None else 0)
 
     def matrix(self, idx: np.ndarray, m: int, n: int, k: int, e: int = 1, top_k: int = 1,
@@ -406,26 +470,34 @@ class CandidateFeatures:
         """Feature rows (len(idx), width), float32, of the candidates idx (table indices) for one
         problem; extra_inputs: the op's own inputs (``op_features(op).problem_inputs``)."""
         idx = np.asarray(idx, dtype=np.intp)
+        rows = len(idx)
+        g = self._stack.take(idx, axis=1)
         # float64 rows, one conversion to float32 at the end (as compute's per-row casts round).
-        out = np.empty((self.width, len(idx)))
-        out[self._config_cols] = self._config[:, idx]
-        g = self._stack[:, idx]
-        cols = {"m": m, "n": n, "k": k, "e": e, "top_k": top_k, "dtype_code": self._dtype_code, **self._gpu}
-        ctx = _Ctx(cols, len(idx))
-        for r, name in enumerate(self._names):
-            cols[name] = ctx.__dict__[name] = g[r] if name not in self._bool else g[r] != 0
-        # The problem's columns are scalars here: "problem" features come out as one value each.
-        for j, fn in self._problem:
-            out[j] = fn(ctx)
-        block = np.empty((len(self._both_tiled_fns), len(idx)))
-        for r, fn in enumerate(self._both_tiled_fns):
-            block[r] = fn(ctx)
-        out[self._both_tiled] = np.where(ctx.tiled, block, 0.0)
-        for j, fn in self._both_rest:
-            out[j] = fn(ctx)
+        out = np.empty((self.width, rows))
+        out[self._config_cols] = g[:self._nc]
+        ctx = _Ctx.__new__(_Ctx)  # no base columns: every input is set here, a missing one raises
+        d = ctx.__dict__
+        d.update(self._scalars)
+        d.update(zip(self._names, g[self._nc:]))
+        vendor = d["is_vendor"] = self._is_vendor[idx]
+        d["tiled"] = self._tiled[idx]
+        d.update(m=np.float64(m), n=np.float64(n), k=np.float64(k), e=np.float64(e), top_k=np.float64(top_k),
+                 n_rows=rows)
+        # The problem's features: one value each.
+        pv = np.array([a(ctx) for a in self._problem_args], dtype=np.float64)
+        _log2_inplace(pv[:self._problem_nlog])
+        out[self._problem_cols] = pv[:, None]
+        block = np.empty((len(self._both_args), rows))
+        for r, a in enumerate(self._both_args):
+            block[r] = a(ctx)
+        _log2_inplace(block[:self._both_nlog])
+        if self._both_tiled is None:
+            np.copyto(block, 0.0, where=vendor)
+        else:
+            block[self._both_tiled] = np.where(vendor, 0.0, block[self._both_tiled])
+        out[self._both_cols] = block
         if self._mod is not None:
-            cols.update(extra_inputs or {})
-            out[len(REGISTRY):] = self._mod.compute(ctx, cols).T
+            out[len(REGISTRY):] = self._mod.compute(ctx, extra_inputs or {}).T
         return out.T.astype(np.float32, order="C")
 
 

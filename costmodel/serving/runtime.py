@@ -22,6 +22,7 @@ Bad input raises ValueError naming the field.
 """
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import os
@@ -163,6 +164,8 @@ class _OnnxModel:
         self.path = onnx_path
         sl = manifest.get("shortlist") or {}
         self.m_edges = np.asarray(sl.get("m_edges", []), dtype=np.int64)
+        # The same edges as Python ints: bisect_left is np.searchsorted(side="left") without a numpy call.
+        self._m_edges = tuple(int(v) for v in self.m_edges)
         self.buckets = {int(b): frozenset(ids) for b, ids in (sl.get("buckets") or {}).items()}
         self._masks: dict[tuple[str, str, int], np.ndarray] = {}
 
@@ -170,7 +173,7 @@ class _OnnxModel:
         """Candidate-table mask of the shortlist of M's bucket (None: score everything)."""
         if not self.buckets:
             return None
-        b = int(np.searchsorted(self.m_edges, m, side="left"))
+        b = bisect.bisect_left(self._m_edges, m)
         key = (ct.arch, ct.dtype, b)  # a mask indexes one candidate table: one per (arch, dtype)
         mask = self._masks.get(key)
         if mask is None:
@@ -479,6 +482,16 @@ class Dispatcher:
         ct = candidate_table(self.space_arch, dtype, self.op)
         return ct, np.flatnonzero(ct.feasible_mask(m, n, k))
 
+    def _scored(self, model, ct, mask, m) -> np.ndarray:
+        """Table indices the model scores: the feasible candidates of M's shortlist, or every feasible
+        one where the shortlist has none (or the model has no shortlist)."""
+        sl = model.shortlist_mask(ct, m)
+        if sl is not None:
+            scored = np.flatnonzero(mask & sl)
+            if len(scored):
+                return scored
+        return np.flatnonzero(mask)
+
     def _featurizer(self, ct) -> F.CandidateFeatures:
         """The table's CandidateFeatures on this GPU (its config-only columns computed once)."""
         key = (ct.arch, ct.dtype, ct.op)
@@ -518,15 +531,15 @@ class Dispatcher:
             self.fallback_reasons.setdefault(dtype, self._vendor_reason)
             self._warn_once(self._vendor_reason, to=f"the vendor library ({vendor})")
             return [Choice(vendor, "vendor")]
-        ct, idx = self._feasible(m, n, k, dtype)
-        if count == 1 and tuned is not None and tuned in ct.index and np.any(idx == ct.index[tuned]):
+        ct = candidate_table(self.space_arch, dtype, self.op)
+        mask = ct.feasible_mask(m, n, k)
+        if count == 1 and tuned is not None and tuned in ct.index and mask[ct.index[tuned]]:
             return [Choice(tuned, "table")]
         model = self.model_for(dtype)
         if model is not None:
             try:
-                sl = model.shortlist_mask(ct, m)
                 # The shortlist narrows what the model scores, not what the heuristic sees on a failure.
-                scored = idx[sl[idx]] if sl is not None and sl[idx].any() else idx
+                scored = self._scored(model, ct, mask, m)
                 X = self._features(ct, scored, m, n, k, dtype, e, top_k, extra)
                 order, s = model.best(X, scored, count)
                 lat = np.exp2(s) if model.latency else self._latencies(X[order], dtype)
@@ -541,6 +554,7 @@ class Dispatcher:
         sm = self.spec.sm_count if self.spec else 132
         # An op without pinned E and top_k (MoE) passes them to its rule.
         kw = {} if self._op.fixed else {"e": e, "top_k": top_k}
+        idx = np.flatnonzero(mask)
         i = self._op.fallback_rule()(m, n, k, sm, ct.candidate_dicts(idx), **kw)
         return [Choice(ct.ids[idx[i]], "heuristic")]
 

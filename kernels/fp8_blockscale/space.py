@@ -21,8 +21,9 @@ import re
 from dataclasses import dataclass, fields
 from typing import ClassVar, Union
 
-from gemm_costmodel.kernels.gemm_configs import (ARCHS, PARAM_NAMES, SWAPAB_MAX_M, ArchSpec,  # noqa: F401
-                                                  VendorConfig, swapab_tokens)
+from gemm_costmodel.kernels.gemm_configs import (ARCHS, PARAM_NAMES, SWAPAB_MAX_M, SWAPAB_TOKENS,  # noqa: F401
+                                                  ArchSpec, VendorConfig, split_rule_arrays, swapab_tokens,
+                                                  token_mismatch)
 
 from ..space_common import (DenseProblem, first_violation, param_arrays, parse_config_id,  # noqa: F401
                             rules_mask, space_hash)  # noqa: F401 - space_hash: the op interface
@@ -274,23 +275,26 @@ class ConfigArrays:
         self.block_k = np.maximum(self.params["block_k"], 1)
         # Programs that sum K slices (split-K, or swap-AB with split_k > 1).
         self.split = self.splitk | (self.swapab & (self.params["split_k"] > 1))
+        # As in gemm_configs: each rule at most one numpy call per problem.
+        self.split_short_k, self.split_sk = split_rule_arrays(self.split, self.params["split_k"], self.block_k)
+        self.swapab_mismatch = token_mismatch(self.swapab, self.params["block_m"], SWAPAB_TOKENS)
 
 
 # The per-problem rules, (applies(problem), violated(arrays, problem), reason(problem, params)),
 # as in gemm_configs. The tiled kernel masks M, N and K: it runs every problem.
 PROBLEM_RULES = (
     (lambda p: True,
-     lambda a, p: a.split & (-(-p.k // a.block_k) < a.params["split_k"]),
+     lambda a, p: a.split_short_k >= p.k,  # ceil(K / block_k) < split_k (split_rule_arrays)
      lambda p, c: f"K={p.k} has {-(-p.k // c['block_k'])} k-tiles < split_k={c['split_k']}"),
     (lambda p: True,
-     lambda a, p: a.split & (a.params["split_k"] * p.m * p.n * 4 > SPLITK_WORKSPACE_LIMIT),
+     lambda a, p: a.split_sk > SPLITK_WORKSPACE_LIMIT // (p.m * p.n * 4),  # split_k * M * N * 4 > limit
      lambda p, c: "split-K workspace above limit"),
     (lambda p: p.m > SWAPAB_MAX_M,
      lambda a, p: a.swapab,
      lambda p, c: f"swap-AB is a decode kernel: M={p.m} > {SWAPAB_MAX_M}"),
     # One tile column covers every token: the one token count that covers M.
     (lambda p: True,
-     lambda a, p: a.swapab & (a.params["block_m"] != swapab_tokens(p.m)),
+     lambda a, p: a.swapab_mismatch[swapab_tokens(p.m)],
      lambda p, c: f"swap-AB tile has {c['block_m']} tokens; M={p.m} takes {swapab_tokens(p.m)}"),
     # cuBLASLt's blockwise fp8 GEMM, as probed on the H100 (torch 2.11, CUDA 13.0;
     # benchmarks/results/fp8_blockscale/vendor_probe.jsonl): M not a multiple of 4 is refused

@@ -29,12 +29,13 @@ NAMES = ("stage_down", "log2_tpe_mean", "log2_tpe_max", "active_fraction", "imba
 
 
 def _tiles(counts: np.ndarray, block_m: np.ndarray) -> np.ndarray:
-    """sum_e ceil(count_e / BLOCK_M) for each BLOCK_M (vendor rows: 0 -> 0)."""
-    out = np.zeros(len(block_m), dtype=np.float64)
-    for bm in np.unique(block_m):
-        if bm >= 1:
-            out[block_m == bm] = float(((counts + bm - 1) // bm).sum())
-    return out
+    """sum_e ceil(count_e / BLOCK_M) for each BLOCK_M (vendor rows: 0 -> 0), per distinct BLOCK_M
+    in one (distinct, E) integer array: a few numpy calls however many BLOCK_M values."""
+    ubm, inv = np.unique(block_m, return_inverse=True)
+    step = np.maximum(ubm, 1)[:, None]
+    per = ((np.asarray(counts)[None, :] + step - 1) // step).sum(axis=1).astype(np.float64)
+    per[ubm < 1] = 0.0
+    return per[inv.reshape(-1)]
 
 
 def problem_inputs(m: int, e: int, top_k: int, stage: str, block_m, routing: str = "balanced",
@@ -79,36 +80,52 @@ def _log2(x):
     return np.log2(np.maximum(x, 1e-30))
 
 
+# Rows of compute's (len(NAMES), rows) block that are log2s of their argument, and that are 0 on
+# vendor rows: both applied in a few calls over the block (the runtime's cold decision, issue 18).
+_LOG2_ROWS = np.array([1, 2, 7, 10, 11, 12, 13], dtype=np.intp)
+_TILED_ROWS = (slice(5, 11), slice(12, 14))
+
+
+def _value(v):
+    """A per-row input as float64: an array stays one, a scalar becomes a numpy scalar (the runtime's
+    one problem), whose operations cost a tenth of a 0-d array's."""
+    a = np.asarray(v, dtype=np.float64)
+    return a[()] if a.ndim == 0 else a
+
+
 def compute(ctx, x: dict) -> np.ndarray:
     """(rows, len(NAMES)) features from the shared context ``ctx`` (serving.features._Ctx) and the
     extra inputs ``x``; tile features are 0 on vendor rows."""
     n = ctx.n_rows
-    b = {k: np.broadcast_to(np.asarray(x[k], dtype=np.float64), (n,)) for k in INPUTS}
+    tiles_real, active, tpe_max = _value(x["tiles_real"]), _value(x["active_experts"]), _value(x["tpe_max"])
     tpe_mean = ctx.rows / ctx.e
-    tiles = np.where(ctx.tiled, np.maximum(b["tiles_real"], 1), 1.0)
+    tiles = np.where(ctx.tiled, np.maximum(tiles_real, 1), 1.0)
     programs = tiles * ctx.tiles_n
     waves = programs / ctx.slots
+    full_waves = np.ceil(waves)
     # vLLM's grid bound: M*top_k + E*(BLOCK_M - 1) rows (capped at M*top_k*BLOCK_M when M*top_k < E).
     padded_bound = np.where(ctx.rows < ctx.e, np.minimum(ctx.rows * ctx.bm, ctx.rows + ctx.e * (ctx.bm - 1)),
                             ctx.rows + ctx.e * (ctx.bm - 1))
-    grid = np.ceil(padded_bound / ctx.bm) * ctx.tiles_n
-    weights = b["active_experts"] * ctx.n * ctx.k * ctx.in_b
-    traffic = programs * (ctx.bm + ctx.bn) * ctx.k * ctx.in_b
-    t_waves = np.ceil(waves) * ctx.occupancy * 2 * ctx.bm * ctx.bn * ctx.k / (ctx.peak / ctx.sm_count) * 1e6
-    cols = [
-        np.broadcast_to(b["stage_code"], (n,)),
-        _log2(np.broadcast_to(tpe_mean, (n,))),
-        _log2(np.maximum(b["tpe_max"], 1)),
-        np.broadcast_to(b["active_experts"] / ctx.e, (n,)),
-        np.broadcast_to(b["tpe_max"] / np.maximum(tpe_mean, 1e-9), (n,)),
-        ctx.only_tiled(tiles),
-        ctx.only_tiled(1 - ctx.rows / (tiles * ctx.bm)),
-        ctx.only_tiled(_log2(programs)),
-        ctx.only_tiled(waves),
-        ctx.only_tiled(programs / (np.ceil(waves) * ctx.slots)),
-        ctx.only_tiled(_log2(grid)),
-        _log2(np.broadcast_to(weights / ctx.bw * 1e6, (n,))),
-        ctx.only_tiled(_log2(traffic / ctx.bw * 1e6)),
-        ctx.only_tiled(_log2(t_waves)),
-    ]
-    return np.stack([np.broadcast_to(np.asarray(c, dtype=np.float64), (n,)) for c in cols], axis=1)
+    # Rows in NAMES order, before the log2 (_LOG2_ROWS) and the vendor zeroing (_TILED_ROWS).
+    out = np.empty((len(NAMES), n))
+    out[0] = _value(x["stage_code"])
+    out[1] = tpe_mean
+    out[2] = np.maximum(tpe_max, 1)
+    out[3] = active / ctx.e
+    out[4] = tpe_max / np.maximum(tpe_mean, 1e-9)
+    out[5] = tiles
+    out[6] = 1 - ctx.rows / (tiles * ctx.bm)
+    out[7] = programs
+    out[8] = waves
+    out[9] = programs / (full_waves * ctx.slots)
+    out[10] = np.ceil(padded_bound / ctx.bm) * ctx.tiles_n  # the launched grid
+    out[11] = active * ctx.n * ctx.k * ctx.in_b / ctx.bw * 1e6  # the active experts' weights, us
+    out[12] = programs * ctx.tile_edge * ctx.k * ctx.in_b / ctx.bw * 1e6  # operand traffic, us
+    out[13] = full_waves * ctx.occupancy * 2 * ctx.bm * ctx.bn * ctx.k / (ctx.peak / ctx.sm_count) * 1e6
+    logs = out[_LOG2_ROWS]
+    np.maximum(logs, 1e-30, out=logs)
+    out[_LOG2_ROWS] = np.log2(logs, out=logs)
+    vendor = ~np.broadcast_to(ctx.tiled, (n,))
+    for rows in _TILED_ROWS:
+        np.copyto(out[rows], 0.0, where=vendor)
+    return out.T
