@@ -74,3 +74,37 @@ def test_malformed_manifest_falls_back_without_raising(rank_dir, tmp_path, bad):
     with pytest.warns(UserWarning):
         c = Dispatcher(gpu_name=H100, models_dir=str(folder)).select(64, 4096, 4096, "fp8")
     assert c.source == "heuristic"
+
+
+def test_companion_latency_is_computed_on_first_read(rank_dir):
+    import pickle
+
+    import numpy as np
+
+    from gemm_costmodel.serving import features as F
+    from gemm_costmodel.serving.runtime import Choice
+
+    d = Dispatcher(gpu_name=H100, models_dir=str(rank_dir))
+    c = d.select(64, 4096, 4096, "fp8")
+    # The decision did not run (or even load) the companion: a cold decision pays only for the pick.
+    assert c._estimate is not None and d._latency_models.get("fp8") is None
+    # Read: the companion's estimate for the pick's own feature row, in microseconds.
+    cols = F.problem_columns(64, 4096, 4096, "fp8", d.spec, *_pick_columns(c.candidate))
+    want = float(np.exp2(d.latency_model_for("fp8").score(F.compute(cols)))[0])
+    assert c.predicted_us == pytest.approx(want, rel=1e-6) and c._estimate is None
+    # A value like a frozen dataclass: equal to its eager twin, hashable, immutable, picklable.
+    twin = Choice(c.candidate, "model", c.predicted_us, c.score)
+    assert c == twin and hash(c) == hash(twin) and pickle.loads(pickle.dumps(c)) == twin
+    assert "predicted_us=" in repr(c)
+    with pytest.raises(AttributeError, match="immutable"):
+        c.source = "table"
+
+
+def _pick_columns(cid):
+    import numpy as np
+
+    from gemm_costmodel.serving.candidates import table
+
+    ct = table("sm90", "fp8")
+    i = ct.index[cid]
+    return np.asarray([ct.variant_code[i]]), {p: np.asarray([ct.params[p][i]]) for p in ct.params}
