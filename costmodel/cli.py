@@ -252,7 +252,8 @@ def _train_config(args):
     return TrainConfig(formulation=pick("formulation", "formulation"), n_estimators=pick("trees", "n_estimators"),
                        max_depth=pick("depth", "max_depth"), learning_rate=pick("eta", "learning_rate"),
                        n_jobs=args.jobs, seed=args.seed, eval_weight=pick("eval_weight", "eval_weight"),
-                       shortlist_tol=pick("shortlist_tol", "shortlist_tol"))
+                       shortlist_tol=pick("shortlist_tol", "shortlist_tol"),
+                       vendor_margin=pick("vendor_margin", "vendor_margin"))
 
 
 def _load_frame(args):
@@ -511,6 +512,9 @@ def _model_args(p, report: bool = False, train: bool = False) -> None:
     p.add_argument("--shortlist-tol", type=float, default=None,
                    help="runtime shortlist: candidates within this factor of a training shape's best per M "
                         "bucket (0: score every candidate; default: the op's, 1.05 for gemm, 0 for fp8_blockscale)")
+    p.add_argument("--vendor-margin", type=float, default=None,
+                   help="pick a Triton config over the vendor library only when its ranking score is better by "
+                        "more than this (default: the op's, 0.5 for fp8_blockscale, else 0)")
     p.add_argument("--jobs", type=int, default=2, help="xgboost threads")
     p.add_argument("--seed", type=int, default=0)
     if report:

@@ -172,7 +172,10 @@ REGISTRY: dict[str, OpSpec] = {
         # shapes, leave-family-out: 100 trees of depth 6 at eta 0.2 gave 1.021 (p99 1.20), 200 of
         # depth 8 at 0.1 1.012, 300 of depth 8 at 0.1 1.010 (p99 1.08, match 79%); chosen on
         # those folds, so with some selection on them.
-        train_defaults={"shortlist_tol": 0.0, "n_estimators": 300, "max_depth": 8, "learning_rate": 0.1}),
+        train_defaults={"shortlist_tol": 0.0, "n_estimators": 300, "max_depth": 8, "learning_rate": 0.1,
+                        # Chosen on the family folds (the rule: never >2% slower than the
+                        # vendor); models/NOTES.md has the (N, K)-fold check.
+                        "vendor_margin": 0.5}),
     # Fused MoE layer (vLLM's fused_experts): two stages (gate_up, down), each a grouped GEMM with
     # its own config; the routing (expert histogram) is part of the problem. Vendor: torch._grouped_mm.
     "moe": OpSpec(

@@ -199,6 +199,9 @@ def export(model, out_dir: str, op: str, dtypes: list[str], arch: str, space_has
         # Runtime score = score_sign * onnx output; lower = faster.
         "score_sign": -1.0 if model.config.formulation == "rank" else 1.0,
         "predicts_log2_latency_us": model.config.formulation == "log_latency",
+        # Runtime ranking score = score - vendor_margin * features[:, vendor_feature] (TrainConfig).
+        "vendor_margin": float(model.config.vendor_margin),
+        "vendor_feature": F.feature_names(op).index("is_vendor"),
         "input_name": INPUT_NAME,
         "feature_schema_hash": F.schema_hash(op),
         "feature_names": list(F.feature_names(op)),

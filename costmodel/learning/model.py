@@ -56,6 +56,11 @@ class TrainConfig:
     # shape (48 configs + cuBLAS). Only a complete shape shows where the true best Triton
     # config stands against cuBLAS; in a sampled one cuBLAS only meets a random 48.
     eval_weight: float = 6.0
+    # Risk aversion towards the vendor library: its score is lowered by this much, so a Triton
+    # config is picked over it only when predicted better by more than the margin (ranking-score
+    # units). A pick the model ranks barely above the vendor is a coin flip it often loses, while
+    # the vendor is the baseline users compare against (issue 16: never >2% slower than it).
+    vendor_margin: float = 0.0
 
     def __post_init__(self):
         if self.formulation not in FORMULATIONS:
@@ -64,6 +69,11 @@ class TrainConfig:
             raise ValueError("n_estimators and max_depth must be >= 1")
         if not self.eval_weight > 0:
             raise ValueError(f"eval_weight must be > 0, got {self.eval_weight!r}")
+        if not 0 <= self.vendor_margin < float("inf"):
+            raise ValueError(f"vendor_margin must be finite and >= 0, got {self.vendor_margin!r}")
+        if self.vendor_margin and self.formulation == "log_latency":
+            # That model's score is the latency it reports: a margin would bias the number.
+            raise ValueError("vendor_margin needs a relative formulation (rank or normalized), not log_latency")
 
     def with_(self, **kw) -> "TrainConfig":
         return replace(self, **kw)
@@ -185,11 +195,17 @@ class CostModel:
         return np.array([c in sets[int(i)] for c, i in zip(cand, b)], dtype=bool)
 
     def score(self, X: np.ndarray) -> np.ndarray:
-        """Lower = predicted faster. For log_latency, the predicted log2 latency in us."""
+        """Lower = predicted faster (the vendor's lowered by ``vendor_margin``). For log_latency, the
+        predicted log2 latency in us."""
         import xgboost as xgb
 
-        margin = self.booster_.predict(xgb.DMatrix(np.asarray(X, dtype=np.float32)), output_margin=True)
-        return -margin if self.config.formulation == "rank" else margin
+        X = np.asarray(X, dtype=np.float32)
+        margin = self.booster_.predict(xgb.DMatrix(X), output_margin=True)
+        s = -margin if self.config.formulation == "rank" else margin
+        if self.config.vendor_margin:
+            # The runtime applies the same offset (export writes it to the manifest).
+            s = s - self.config.vendor_margin * X[:, self.feature_names_.index("is_vendor")]
+        return s
 
     def score_frame(self, df) -> np.ndarray:
         """Scores of the rows of a dataset frame."""

@@ -225,6 +225,11 @@ class _OnnxModel:
         self.input_name = manifest.get("input_name", self.session.get_inputs()[0].name)
         self.sign = float(manifest.get("score_sign", 1.0))
         self.latency = bool(manifest.get("predicts_log2_latency_us", False))
+        # The vendor's ranking offset (TrainConfig.vendor_margin); manifests before it have none.
+        self.vendor_margin = float(manifest.get("vendor_margin", 0.0) or 0.0)
+        self.vendor_feature = int(manifest.get("vendor_feature", -1))
+        if self.vendor_margin and not 0 <= self.vendor_feature < len(manifest.get("feature_names", ())):
+            raise ValueError(f"vendor_margin {self.vendor_margin} without a valid vendor_feature index")
         self.path = onnx_path
         sl = manifest.get("shortlist") or {}
         self.m_edges = np.asarray(sl.get("m_edges", []), dtype=np.int64)
@@ -256,15 +261,17 @@ class _OnnxModel:
         and more than `keep` rows compete: rows outside the prefix's best never get the suffix.
         A ranking (rank, count > 1) scores every row with the whole model, so its order is exact."""
         n = len(X)
+        # The vendor's offset enters once, with the prefix or the whole model, as in CostModel.score.
+        bias = -self.vendor_margin * X[:, self.vendor_feature] if self.vendor_margin else 0.0
         if self.cascade is not None and count == 1:
             prefix, suffix, keep = self.cascade
             if n > keep:
-                s = self.score(X, prefix)
+                s = self.score(X, prefix) + bias
                 top = np.argpartition(s, keep - 1)[:keep]
                 s = s[top] + self.score(X[top], suffix)
                 order = np.lexsort((tiebreak[top], s))[:count]
                 return top[order], s[order]
-        s = self.score(X)
+        s = self.score(X) + bias
         order = np.lexsort((tiebreak, s))[:count]
         return order, s[order]
 
