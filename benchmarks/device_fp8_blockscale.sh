@@ -13,12 +13,8 @@ set -uo pipefail
 out="$1"; wait_s="$2"; train_shards="${3:-0/24}"
 run=/tmp/fp8bs
 mkdir -p "$out" "$run"
-if ! kill -0 "$(cat "$run/pid" 2>/dev/null)" 2>/dev/null && [ ! -f "$run/done" ]; then
-    for f in datasets/raw/fp8bs-*.jsonl.gz benchmarks/results/fp8_blockscale/*-shard*.jsonl.gz; do
-        [ -f "$f" ] || continue
-        b=$(basename "${f%.gz}")
-        [ -f "$run/$b" ] || gunzip -c "$f" >"$run/$b"
-    done
+if driver_needed "$run" "$run/done"; then
+    resume_shards "$run" datasets/raw/fp8bs-*.jsonl.gz benchmarks/results/fp8_blockscale/*-shard*.jsonl.gz
     setsid nohup bash -c '
         run='"$run"'
         [ -s $run/probe.jsonl ] || [ -s benchmarks/results/fp8_blockscale/vendor_probe.jsonl ] || python3 benchmarks/explore/fp8bs_vendor_probe.py >$run/probe.jsonl 2>$run/probe.err

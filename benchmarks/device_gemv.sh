@@ -18,12 +18,8 @@ out="$1"; wait_s="$2"
 run=/tmp/gemv
 lists=benchmarks/results/gemv
 mkdir -p "$out" "$run"
-if ! kill -0 "$(cat "$run/pid" 2>/dev/null)" 2>/dev/null && [ ! -f "$run/done" ]; then
-    for f in datasets/raw/gemv*.jsonl.gz $lists/gate-*-shard*.jsonl.gz; do
-        [ -f "$f" ] || continue
-        b=$(basename "${f%.gz}")
-        [ -f "$run/$b" ] || gunzip -c "$f" >"$run/$b"
-    done
+if driver_needed "$run" "$run/done"; then
+    resume_shards "$run" datasets/raw/gemv*.jsonl.gz $lists/gate-*-shard*.jsonl.gz
     setsid nohup bash -c '
         run='"$run"'; lists='"$lists"'
         bench() { python3 -m gemm_costmodel.cli bench --out $run --quiet --dtype bf16 fp16 fp8 "$@"; }

@@ -15,12 +15,8 @@ out="$1"; wait_s="$2"; train_shards="${3:-0/8}"; dtype="${4:-bf16}"
 sfx=""; [ "$dtype" = bf16 ] || sfx="-$dtype"
 run=/tmp/moe
 mkdir -p "$out" "$run"
-if ! kill -0 "$(cat "$run/pid" 2>/dev/null)" 2>/dev/null && [ ! -f "$run/done$sfx" ]; then
-    for f in datasets/raw/moe-*.jsonl.gz benchmarks/results/moe/*-shard*.jsonl.gz; do
-        [ -f "$f" ] || continue
-        b=$(basename "${f%.gz}")
-        [ -f "$run/$b" ] || gunzip -c "$f" >"$run/$b"
-    done
+if driver_needed "$run" "$run/done$sfx"; then
+    resume_shards "$run" datasets/raw/moe-*.jsonl.gz benchmarks/results/moe/*-shard*.jsonl.gz
     setsid nohup bash -c '
         run='"$run"'
         [ -s $run/probe.jsonl ] || [ -s benchmarks/results/moe/vendor_probe.jsonl ] || python3 benchmarks/explore/moe_vendor_probe.py >$run/probe.jsonl 2>$run/probe.err

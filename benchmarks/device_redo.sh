@@ -18,12 +18,8 @@ set -uo pipefail
 out="$1"; wait_s="$2"; train_shards="${3:-1/8 2/8}"
 run=/tmp/redo
 mkdir -p "$out" "$run"
-if ! kill -0 "$(cat "$run/pid" 2>/dev/null)" 2>/dev/null && [ ! -f "$run/done" ]; then
-    for f in datasets/raw/fp8bs-redo-*.jsonl.gz datasets/raw/moe-redo-*.jsonl.gz datasets/raw/moe-train-h100-*.jsonl.gz; do
-        [ -f "$f" ] || continue
-        b=$(basename "${f%.gz}")
-        [ -f "$run/$b" ] || gunzip -c "$f" >"$run/$b"
-    done
+if driver_needed "$run" "$run/done"; then
+    resume_shards "$run" datasets/raw/fp8bs-redo-*.jsonl.gz datasets/raw/moe-redo-*.jsonl.gz datasets/raw/moe-train-h100-*.jsonl.gz
     setsid nohup bash -c '
         run='"$run"'
         bench() { python3 -m gemm_costmodel.cli bench --out $run --quiet "$@"; }

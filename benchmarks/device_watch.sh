@@ -1,6 +1,25 @@
-# Sourced by the benchmarks/device_*.sh drivers: the part every call shares once its driver runs.
-#
-#   watch_and_collect RUN OUT WAIT [new] [INTERVAL]
+# Sourced by the benchmarks/device_*.sh drivers: what every call shares (start or resume the
+# driver, then watch it and collect its shards).
+
+# driver_needed RUN DONE: true when no driver of RUN is alive (pid in RUN/pid) and its "finished"
+# marker DONE is absent, i.e. this call must start one.
+driver_needed() {
+    ! kill -0 "$(cat "$1/pid" 2>/dev/null)" 2>/dev/null && [ ! -f "$2" ]
+}
+
+# resume_shards RUN FILE...: each committed shard FILE (.jsonl.gz) unzipped into RUN unless it is
+# there already, so a sweep on a fresh machine skips the shapes measured before.
+resume_shards() {
+    local run="$1" f b
+    shift
+    for f in "$@"; do
+        [ -f "$f" ] || continue
+        b=$(basename "${f%.gz}")
+        [ -f "$run/$b" ] || gunzip -c "$f" >"$run/$b"
+    done
+}
+
+# watch_and_collect RUN OUT WAIT [new] [INTERVAL]
 # Prints the row count of every shard under RUN every INTERVAL s (default 20) until the driver whose pid is in
 # RUN/pid exits or WAIT seconds pass, then gzips the shards into OUT ("new": only those written
 # since the driver started, as a call returns at most 8 files), packs the per-shape logs and the

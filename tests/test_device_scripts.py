@@ -49,3 +49,36 @@ def test_collects_every_shard_and_the_logs(tmp_path):
 def test_new_only_skips_shards_older_than_the_driver(tmp_path):
     _, out = _run(tmp_path, "new")
     assert sorted(os.listdir(out)) == ["logs.tar.gz", "new-shard00of02.jsonl.gz"]
+
+
+def test_resume_and_driver_needed(tmp_path):
+    # resume_shards unzips committed shards the run folder lacks and keeps the ones it has;
+    # driver_needed is false while the driver lives or once its done marker exists.
+    if shutil.which("bash") is None:
+        pytest.skip("needs bash")
+    run, raw = tmp_path / "run", tmp_path / "raw"
+    run.mkdir()
+    raw.mkdir()
+    with gzip.open(raw / "a-shard00of02.jsonl.gz", "wt") as fh:
+        fh.write('{"a": 1}\n')
+    with gzip.open(raw / "b-shard01of02.jsonl.gz", "wt") as fh:
+        fh.write('{"b": 1}\n')
+    (run / "b-shard01of02.jsonl").write_text('{"b": 1}\n{"b": 2}\n')  # resumed here already: kept
+    script = f"""
+. {HELPER}
+run={run}
+resume_shards "$run" {raw}/*.jsonl.gz {raw}/missing-*.jsonl.gz
+driver_needed "$run" "$run/done" && echo needed-no-pid
+sleep 5 & echo $! > $run/pid
+driver_needed "$run" "$run/done" || echo not-needed-alive
+kill %1; wait 2>/dev/null
+driver_needed "$run" "$run/done" && echo needed-dead
+touch $run/done
+driver_needed "$run" "$run/done" || echo not-needed-done
+"""
+    res = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["needed-no-pid", "not-needed-alive", "needed-dead", "not-needed-done"]
+    assert (run / "a-shard00of02.jsonl").read_text() == '{"a": 1}\n'
+    assert (run / "b-shard01of02.jsonl").read_text() == '{"b": 1}\n{"b": 2}\n'
+    assert sorted(os.listdir(run)) == ["a-shard00of02.jsonl", "b-shard01of02.jsonl", "done", "pid"]
