@@ -1,6 +1,8 @@
 """The CPU dispatch benchmark script runs end to end and writes its result file (small sizes)."""
 import json
 
+import pytest
+
 from gemm_costmodel.benchmarks import dispatch_cpu
 
 
@@ -18,8 +20,6 @@ def test_dispatch_cpu_smoke(tmp_path):
 
 
 def test_latency_summary_splits_off_cpu_decisions():
-    import pytest
-
     # 100 decisions: 98 at 200 us wall / 190 us CPU, one whose own work is slow (900 us wall and
     # CPU) and one preempted (5,000 us wall, 200 us CPU: 4.8 ms off the CPU).
     wall = [200.0] * 98 + [900.0, 5000.0]
