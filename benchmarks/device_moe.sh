@@ -6,13 +6,19 @@
 # watches it for up to WAIT seconds and copies the gzipped shards it wrote to OUT (a call returns at most 8 files). A fresh machine resumes
 # from the shards committed under datasets/raw/ and benchmarks/results/moe/.
 #
-#   benchmarks/device_moe.sh OUT WAIT [TRAIN_SHARDS] [DTYPE]
+#   benchmarks/device_moe.sh OUT WAIT [TRAIN_SHARDS] [DTYPE] [TRAIN_SUITE]
 # DTYPE (default bf16) names the sweeps' dtype: fp8 writes moe-*-fp8-h100 shards (w8a8, per-tensor
-# scales; the gate covers both dtypes either way).
+# scales; the gate covers both dtypes either way). TRAIN_SUITE (default train) is the sampled
+# suite of the shards; any other (train_skewed) runs alone, without the gate, vLLM and evaluation
+# sweeps before it, for each dtype of DTYPE in turn ("bf16 fp8": both), and writes
+# moe-<suite without _>[-fp8]-h100 shards.
 set -uo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/device_watch.sh"
-out="$1"; wait_s="$2"; train_shards="${3:-0/8}"; dtype="${4:-bf16}"
-sfx=""; [ "$dtype" = bf16 ] || sfx="-$dtype"
+out="$1"; wait_s="$2"; train_shards="${3:-0/8}"; dtype="${4:-bf16}"; suite="${5:-train}"
+sfx=""; [ "$dtype" = bf16 ] || sfx="-${dtype// /-}"
+# The fixed sweeps run before the train suite only.
+fixed=1; [ "$suite" = train ] || fixed=0
+[ "$fixed" = 1 ] || sfx="-${suite//_/}$sfx"
 run=/tmp/moe
 mkdir -p "$out" "$run"
 if driver_needed "$run" "$run/done$sfx"; then
@@ -22,10 +28,16 @@ if driver_needed "$run" "$run/done$sfx"; then
         [ -s $run/probe.jsonl ] || [ -s benchmarks/results/moe/vendor_probe.jsonl ] || python3 benchmarks/explore/moe_vendor_probe.py >$run/probe.jsonl 2>$run/probe.err
         bench() { python3 -m gemm_costmodel.cli bench --op moe --out $run --quiet "$@"; }
         # "done" only when every sweep finished: a failed one is resumed by the next call.
-        bench --suite gate --dtype bf16 fp8 --mode sample:40 --name gate-moe-h100 &&
-        bench --suite vllm --dtype '"$dtype"' --mode all --name moe-vllm'"$sfx"'-h100 &&
-        bench --suite eval --dtype '"$dtype"' --mode all --name moe-eval'"$sfx"'-h100 &&
-        for s in '"$train_shards"'; do bench --suite train --dtype '"$dtype"' --mode sample:24 --shard $s --name moe-train'"$sfx"'-h100 || exit 1; done &&
+        if [ '"$fixed"' = 1 ]; then
+            bench --suite gate --dtype bf16 fp8 --mode sample:40 --name gate-moe-h100 &&
+            bench --suite vllm --dtype '"$dtype"' --mode all --name moe-vllm'"$sfx"'-h100 &&
+            bench --suite eval --dtype '"$dtype"' --mode all --name moe-eval'"$sfx"'-h100 || exit 1
+        fi &&
+        for dt in '"$dtype"'; do
+            name=moe-train'"$sfx"'-h100
+            [ '"$fixed"' = 1 ] || { name=moe-'"${suite//_/}"'-h100; [ $dt = bf16 ] || name=moe-'"${suite//_/}"'-$dt-h100; }
+            for s in '"$train_shards"'; do bench --suite '"$suite"' --dtype $dt --mode sample:24 --shard $s --name $name || exit 1; done
+        done &&
         touch $run/done'"$sfx"'' >"$run/driver.out" 2>"$run/driver.err" &
     echo $! >"$run/pid"
 fi

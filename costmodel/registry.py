@@ -185,6 +185,7 @@ REGISTRY: dict[str, OpSpec] = {
         default_config="moe_m16n64k128_g1_w4s4", fallback="gemm_costmodel.kernels.moe.space:choose",
         split_key=("e", "n", "k"),
         suites={"train": "gemm_costmodel.kernels.moe.suites:training_suite",
+                "train_skewed": "gemm_costmodel.kernels.moe.suites:skewed_suite",
                 "eval": "gemm_costmodel.kernels.moe.suites:eval_suite",
                 "vllm": "gemm_costmodel.kernels.moe.suites:vllm_suite",
                 "gate": "gemm_costmodel.kernels.moe.suites:gate_suite"},

@@ -122,7 +122,7 @@ def _layers(shapes):
     return out
 
 
-@pytest.mark.parametrize("name", ["train", "eval", "vllm", "gate"])
+@pytest.mark.parametrize("name", ["train", "train_skewed", "eval", "vllm", "gate"])
 def test_every_layer_has_both_stages(name):
     shapes = S.SUITES[name]("bf16")
     assert len(shapes) == len({s.key for s in shapes})
@@ -134,7 +134,8 @@ def test_every_layer_has_both_stages(name):
 
 def test_suite_sizes():
     sizes = {name: {dt: len(f(dt)) for dt in DTYPES} for name, f in S.SUITES.items()}
-    assert sizes == {"train": {"bf16": 4294, "fp8": 4318}, "eval": {"bf16": 128, "fp8": 128},
+    assert sizes == {"train": {"bf16": 4294, "fp8": 4318}, "train_skewed": {"bf16": 944, "fp8": 944},
+                     "eval": {"bf16": 128, "fp8": 128},
                      "vllm": {"bf16": 72, "fp8": 48}, "gate": {"bf16": 48, "fp8": 48}}
     # train by hand: per guarded variant, M = 1 balanced only, 18 other M balanced + one skewed,
     # both stages; minus the vllm suite's (balanced) shapes; no two variants share a shape.
@@ -149,6 +150,23 @@ def test_suite_sizes():
     assert len(S.training_suite("bf16", skewed=0)) == n_var * 2 * len(S.TRAIN_M) - 72
     # eval: 8 families x (6 balanced + 2 zipf M) x 2 stages; vllm: 6 files x 6 M x 2 stages.
     assert sizes["eval"]["bf16"] == 8 * (6 + 2) * 2 and sizes["vllm"]["bf16"] == 6 * 6 * 2
+
+
+def test_skewed_suite_is_the_next_routing_of_the_cycle():
+    """train_skewed: per (variant, M >= 256) exactly one more skewed routing, the one after train's
+    in routing.SKEWED; no shape of train, eval or vllm; 8 M x 59 variants x 2 stages."""
+    for dtype in DTYPES:
+        extra = S.skewed_suite(dtype)
+        assert len(extra) == 8 * 59 * 2
+        taken = {s.key for f in ("train", "eval", "vllm") for s in S.SUITES[f](dtype)}
+        assert not {s.key for s in extra} & taken
+        train = {(s.m, s.e, s.top_k, s.intermediate, s.hidden, s.stage): s.routing
+                 for s in S.training_suite(dtype) if s.routing != "balanced"}
+        for s in extra:
+            assert s.m >= S.SKEWED_EXTRA_MIN_M and s.routing in R.SKEWED
+            before = train[(s.m, s.e, s.top_k, s.intermediate, s.hidden, s.stage)]
+            assert s.routing == R.SKEWED[(R.SKEWED.index(before) + 1) % len(R.SKEWED)]
+    assert {s.m for s in S.skewed_suite("bf16", min_m=4096)} == {4096, 8192}
 
 
 def test_training_grid_and_routings():

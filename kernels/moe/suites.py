@@ -28,6 +28,9 @@ Suites (``suite(dtype) -> [MoeShape]``):
   M = 1 every routing is the same histogram up to a permutation of the experts: balanced only);
   both stages. Sampled candidates per shape. The ``vllm`` suite's shapes are left out (held out
   for the vLLM comparison).
+- ``train_skewed`` (``skewed_suite``): a second skewed routing per (variant, M >= 256) of the
+  training families, the next one in routing.SKEWED's cycle (826 shapes per dtype); sampled
+  candidates, like ``train``.
 - ``eval`` (``eval_suite``): the held-out families, one variant each (``MoeModel.eval_variant``),
   M in EVAL_M with ``balanced``, and ``zipf`` at EVAL_SKEWED_M; both stages; every candidate
   measured (128 shapes).
@@ -385,6 +388,22 @@ def training_suite(dtype: str = "bf16", ms: Iterable[int] = TRAIN_M, skewed: int
     return [s for s in _merge(out) if s.key not in held]
 
 
+# The skewed suite's M: from here up, the held-out skewed geomean was weakest (M = 1024: 1.012-1.017
+# per stage against 1.008-1.012 at M = 16), and one extra routing per (variant, M) over the whole
+# grid would cost about 2.5x the device time.
+SKEWED_EXTRA_MIN_M = 256
+
+
+def skewed_suite(dtype: str = "bf16", min_m: int = SKEWED_EXTRA_MIN_M) -> list[MoeShape]:
+    """A second skewed routing per (variant, M >= min_m) of the training families: the shapes of
+    ``training_suite(skewed=2)`` at those M that ``training_suite()`` (one skewed routing) lacks;
+    the next routing of routing.SKEWED's cycle, so all five kinds stay equally common. Both
+    stages; sampled candidates, like ``train``."""
+    have = {s.key for s in training_suite(dtype)}
+    # Over the whole grid, then cut: the routing cycle's position depends on M's index in TRAIN_M.
+    return [s for s in training_suite(dtype, skewed=2) if s.m >= min_m and s.key not in have]
+
+
 def eval_suite(dtype: str = "bf16") -> list[MoeShape]:
     """The held-out families' eval variants at EVAL_M (balanced) and EVAL_SKEWED_M (zipf), both
     stages; every candidate measured."""
@@ -416,4 +435,4 @@ def gate_suite(dtype: str = "bf16") -> list[MoeShape]:
     return out
 
 
-SUITES = {"train": training_suite, "eval": eval_suite, "vllm": vllm_suite, "gate": gate_suite}
+SUITES = {"train": training_suite, "train_skewed": skewed_suite, "eval": eval_suite, "vllm": vllm_suite, "gate": gate_suite}
