@@ -35,7 +35,8 @@ def _mode(name: str) -> str:
         return "variant:gemv"
     if name.startswith("fp8bs-train-"):
         return "sample:40"
-    if name.startswith("moe-train-"):
+    # train_skewed (moe-trainskewed-*) samples as the MoE train suite does.
+    if name.startswith(("moe-train-", "moe-trainskewed-")):
         return "sample:24"
     return "sample:48" if name.startswith("train-") else "all"
 
