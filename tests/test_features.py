@@ -318,3 +318,23 @@ def test_candidate_features_general_registry(monkeypatch):
         want = F.compute(runtime_cols(ct, idx, m, n, k, "fp8", H100))
         assert want.shape[1] == len(F.REGISTRY)
         np.testing.assert_array_equal(fz.matrix(idx, m, n, k), want)
+
+
+@pytest.mark.parametrize("op,dtype", [("gemm", "bf16"), ("gemm", "fp8"), ("fp8_blockscale", "fp8"), ("moe", "bf16")])
+@pytest.mark.parametrize("m,n,k,top_k", [(1, 4096, 4096, 1), (4097, 151936, 8192, 1), (16384, 28672, 18432, 8),
+                                         (7, 333, 517, 6)])
+def test_grouped_integer_factors_equal_the_formula_left_to_right(op, dtype, m, n, k, top_k):
+    """traffic and log2_t_waves_us group their integer config factors (edge_bytes, occ_tile_mn2)
+    so a decision computes them once per table: exact integer products, so bit for bit the
+    formula written left to right, on every candidate of the table (split-K and vendor rows
+    included) and at the largest problems the suites hold."""
+    ct = candidate_table("sm90", dtype, op)
+    idx = np.arange(len(ct.ids))
+    cols = runtime_cols(ct, idx, m, n, k, dtype, H100)
+    cols.update(top_k=top_k)
+    c = F._Ctx(cols)
+    left_to_right = (c.programs * c.tile_edge * c.k_per_split * c.in_b + c.partials_per_output * c.rows * c.n * 4)
+    np.testing.assert_array_equal(c.traffic, left_to_right)
+    np.testing.assert_array_equal(c.full_waves * c.occ_tile_mn2 * c.k_per_split,
+                                  c.full_waves * c.occupancy * 2 * c.bm * c.bn * c.k_per_split)
+    assert (c.traffic > 0).all()
