@@ -82,3 +82,64 @@ driver_needed "$run" "$run/done" || echo not-needed-done
     assert (run / "a-shard00of02.jsonl").read_text() == '{"a": 1}\n'
     assert (run / "b-shard01of02.jsonl").read_text() == '{"b": 1}\n{"b": 2}\n'
     assert sorted(os.listdir(run)) == ["a-shard00of02.jsonl", "b-shard01of02.jsonl", "done", "pid"]
+
+
+# -- benchmarks/device_tree.sh: the work tree under the device tool's size limit -----------------
+
+TREE = os.path.join(ROOT, "benchmarks", "device_tree.sh")
+
+
+def _git_repo(tmp_path):
+    if shutil.which("bash") is None or shutil.which("git") is None:
+        pytest.skip("needs bash and git")
+    repo = tmp_path / "repo"
+    files = {"big.bin": 200_000, "models/gemm-sm90.onnx": 200_000, "models/report/plot.png": 150_000,
+             "datasets/raw/moe-train-shard00of01.jsonl.gz": 300_000, "small.txt": 10, "dir/edge.bin": 100_000}
+    for name, size in files.items():
+        p = repo / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(os.urandom(size))
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    for cmd in (["git", "init", "-q"], ["git", "add", "."], ["git", "commit", "-qm", "x"]):
+        subprocess.run(cmd, cwd=repo, check=True, env=env)
+    (repo / "untracked.bin").write_bytes(os.urandom(5_000))
+    return repo, {n: (repo / n).read_bytes() for n in files}
+
+
+def _tree(repo, stash, *args):
+    env = {**os.environ, "COSTMODEL_STASH_DIR": str(stash)}
+    return subprocess.run(["bash", TREE, *args], cwd=repo, capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_device_tree_stash_keeps_models_and_patterns_and_restores_bytes(tmp_path):
+    repo, content = _git_repo(tmp_path)
+    stash = tmp_path / "stash"
+    before = int(_tree(repo, stash, "size").stdout)
+    assert before == sum(map(len, content.values())) + 5_000  # tracked + untracked, not ignored
+    res = _tree(repo, stash, "stash", "datasets/raw/moe-")
+    assert res.returncode == 0, res.stderr
+    # Larger than 100,000 bytes and neither a shipped model nor kept: moved (100,000 exactly stays).
+    moved = {"big.bin", "models/report/plot.png"}
+    for name in content:
+        assert (repo / name).exists() == (name not in moved), name
+        assert (stash / name).exists() == (name in moved), name
+    assert int(_tree(repo, stash, "size").stdout) == before - 350_000
+    # A second stash would lose track of the first: refused.
+    again = _tree(repo, stash, "stash")
+    assert again.returncode == 1 and "restore first" in again.stderr
+    res = _tree(repo, stash, "restore")
+    assert res.returncode == 0 and "restored 2 of 2" in res.stdout, res.stderr
+    assert {n: (repo / n).read_bytes() for n in content} == content
+    assert _tree(repo, stash, "restore").returncode == 0  # nothing stashed: a no-op
+
+
+def test_device_tree_restore_reports_a_missing_file(tmp_path):
+    repo, _ = _git_repo(tmp_path)
+    stash = tmp_path / "stash"
+    assert _tree(repo, stash, "stash").returncode == 0
+    (stash / "big.bin").unlink()
+    res = _tree(repo, stash, "restore")
+    assert res.returncode == 1 and "big.bin is not in the stash" in res.stderr
+    assert (repo / "models/report/plot.png").exists()
+    assert _tree(repo, stash, "bogus").returncode == 2
