@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from gemm_costmodel.kernels.common import _grouped_tile
+
 
 @triton.jit(do_not_specialize=["M", "NUM_PROGRAMS"])
 def bs_tma_kernel(a_desc, b_desc, y_desc, as_ptr, bs_ptr, M, N, K, stride_asm, stride_bsn, NUM_PROGRAMS,
@@ -31,13 +33,7 @@ def bs_tma_kernel(a_desc, b_desc, y_desc, as_ptr, bs_ptr, M, N, K, stride_asm, s
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, NUM_PROGRAMS, flatten=FLATTEN):
-        # grouped order (the same as kernels/common.py's _grouped_tile)
-        width = GROUP_M * num_pid_n
-        group = tile // width
-        first_m = group * GROUP_M
-        size_m = tl.minimum(num_pid_m - first_m, GROUP_M)
-        pid_m = first_m + (tile % width) % size_m
-        pid_n = (tile % width) // size_m
+        pid_m, pid_n = _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         rm = tl.where(offs_m < M, offs_m, 0)

@@ -29,7 +29,7 @@ Suites (``suite(dtype) -> [MoeShape]``):
   both stages. Sampled candidates per shape. The ``vllm`` suite's shapes are left out (held out
   for the vLLM comparison).
 - ``train_skewed`` (``skewed_suite``): a second skewed routing per (variant, M >= 256) of the
-  training families, the next one in routing.SKEWED's cycle (826 shapes per dtype); sampled
+  training families, the next one in routing.SKEWED's cycle (944 shapes per dtype); sampled
   candidates, like ``train``.
 - ``eval`` (``eval_suite``): the held-out families, one variant each (``MoeModel.eval_variant``),
   M in EVAL_M with ``balanced``, and ``zipf`` at EVAL_SKEWED_M; both stages; every candidate
