@@ -1,0 +1,286 @@
+"""Does a swap-AB (and split-K) grouped GEMM pay for MoE decode on Hopper? (issue 17)
+
+At M <= 64 vLLM's fused_moe kernel (our ``tiled`` MoE space) puts each expert's few tokens on the
+MMA's M side, padded to BLOCK_SIZE_M >= 16 rows: Hopper's wgmma (64 rows per warpgroup) is out
+of reach and the tile runs on the Ampere-style MMA path. The dense op met the same problem and
+its swap-AB kernels (y.T = w @ x.T: weight rows on the MMA's M side, tokens on its N side) won
+39 of 40 decode shapes (benchmarks/NOTES.md). Here the same for the grouped GEMM: a program is
+(BLOCK_N weight rows of one expert) x (BLOCK_M sorted pairs of that expert), with an optional
+split over K whose fp32 partials meet in a zeroed fp32 buffer by atomic adds (silu-and-mul and
+the top_k sum read fp32 as well as bf16, so they need no change).
+
+Per held-out evaluation shape with M <= 64 (both dtypes, both stages, balanced and zipf routing),
+in one process on one GPU: the 3 fastest tiled configs of the committed evaluation run, vLLM's
+default, the vendor (bf16) and every swap-AB config below. Every candidate is correctness-gated
+against the fp32 reference first. The kernels compile first in worker processes (Triton's cache),
+so the measuring process only loads them.
+
+    python benchmarks/explore/moe_swapab.py --out DIR [--dtypes bf16 fp8] [--max-shapes N]
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit(do_not_specialize=["EM", "num_valid", "A_DIV"])
+def moe_swapab_kernel(a_ptr, w_ptr, c_ptr, a_scale_ptr, w_scale_ptr, tw_ptr, sorted_ptr, expert_ids_ptr, ntpp_ptr,
+                      N, K, EM, num_valid, A_DIV, stride_am, stride_we, stride_wn, stride_cm,
+                      MUL_WEIGHT: tl.constexpr, HAS_SCALE: tl.constexpr, EVEN_K: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """Program (n-tile, pair block, K slice): acc (BLOCK_N, BLOCK_M) = w_e[n-tile] @ a[pairs].T.
+    A_DIV is a runtime argument (the gate_up's top_k): one compiled kernel for every top_k."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    if pid_m * BLOCK_M >= tl.load(ntpp_ptr):
+        return
+    pair = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    valid = pair < num_valid
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    rows = tl.where(valid, pair // A_DIV, 0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = tl.where(offs_n < N, offs_n, 0)
+    total = tl.cdiv(K, BLOCK_K)
+    t0 = pid_s * total // SPLIT_K
+    t1 = (pid_s + 1) * total // SPLIT_K
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rows[:, None] * stride_am + (t0 * BLOCK_K + offs_k)[None, :]
+    w_ptrs = w_ptr + expert * stride_we + rn[:, None] * stride_wn + (t0 * BLOCK_K + offs_k)[None, :]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for kt in range(t0, t1):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
+            b = tl.load(w_ptrs)
+        else:
+            k_mask = offs_k[None, :] < K - kt * BLOCK_K
+            a = tl.load(a_ptrs, mask=valid[:, None] & k_mask, other=0.0)
+            b = tl.load(w_ptrs, mask=k_mask, other=0.0)
+        acc = tl.dot(b, tl.trans(a), acc)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    if HAS_SCALE:
+        acc = acc * (tl.load(a_scale_ptr) * tl.load(w_scale_ptr + expert))
+    if MUL_WEIGHT:
+        acc = acc * tl.load(tw_ptr + pair, mask=valid, other=0.0)[None, :]
+    c_ptrs = c_ptr + pair[None, :] * stride_cm + offs_n[:, None]
+    mask = valid[None, :] & (offs_n[:, None] < N)
+    if SPLIT_K == 1:
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.atomic_add(c_ptrs, acc, mask=mask, sem="relaxed")
+
+
+# (BLOCK_M tokens, BLOCK_N weight rows, BLOCK_K, SPLIT_K, num_warps, num_stages)
+SWAP_CONFIGS = [(bm, bn, bk, sk, 4, st)
+                for bm in (16, 32) for bn in (64, 128) for bk in (128, 256) for sk in (1, 2, 4) for st in (3, 4)
+                if not (bk == 256 and bn == 128 and st == 4)]
+
+
+def swap_id(c) -> str:
+    bm, bn, bk, sk, w, st = c
+    return f"moeswap_m{bm}n{bn}k{bk}_s{sk}_w{w}s{st}"
+
+
+def launch_swap(c, stage, x, w, topk_weights, topk_ids, out, a_scale=None, w_scale=None):
+    """One stage on swap-AB config c: align, the swapped grouped GEMM, silu-and-mul or the sum."""
+    from gemm_costmodel.kernels.moe import impl
+
+    bm, bn, bk, sk, warps, stages = c
+    fp8 = w.dtype == torch.float8_e4m3fn
+    if fp8 and x.dtype != torch.float8_e4m3fn:
+        x = impl.quantize_fp8(x, a_scale)
+    E, N, K = w.shape
+    top_k = topk_ids.shape[1]
+    pairs = topk_ids.numel()
+    sorted_ids, expert_ids, ntpp = impl.align(topk_ids, E, bm)
+    down = stage == "down"
+    direct = down and top_k == 1 and sk == 1
+    if sk > 1:
+        cbuf = torch.zeros((pairs, N), dtype=torch.float32, device=x.device)
+    else:
+        cbuf = out if direct else torch.empty((pairs, N), dtype=out.dtype, device=x.device)
+    EM = sorted_ids.numel()
+    grid = (triton.cdiv(N, bn), triton.cdiv(EM, bm), sk)
+    moe_swapab_kernel[grid](
+        x, w, cbuf, a_scale if fp8 else x, w_scale if fp8 else x, topk_weights, sorted_ids, expert_ids, ntpp,
+        N, K, EM, pairs, 1 if down else top_k, x.stride(0), w.stride(0), w.stride(1), cbuf.stride(0),
+        MUL_WEIGHT=down, HAS_SCALE=fp8, EVEN_K=K % bk == 0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk,
+        num_warps=warps, num_stages=stages)
+    if not down:
+        return impl.silu_and_mul(cbuf, out)
+    if not direct:
+        impl._combine(cbuf, out, top_k)
+    return out
+
+
+def _candidates(shape, known, dtype):
+    """(kind, id or swap tuple) of one shape: the committed run's 3 fastest tiled, vLLM's default,
+    the vendor (bf16), then every swap-AB config whose token tile is the smallest covering M's
+    busiest expert or one step larger."""
+    from gemm_costmodel.kernels.moe import space
+
+    p = shape.problem
+    out = [("space", c) for c in known[:3]]
+    dflt = space.vllm_default(p.m, p.e, "fp8" if dtype == "fp8" else "bf16").id
+    if dflt not in known[:3]:
+        out.append(("space", dflt))
+    if dtype == "bf16":
+        out.append(("space", space.VENDOR.id))
+    busiest = int(p.counts().max())
+    smallest = 16 if busiest <= 16 else 32
+    smem = space.ARCHS["sm90"].smem_per_block
+    out += [("swap", c) for c in SWAP_CONFIGS if c[0] in (smallest, 2 * smallest) and c[0] <= 32
+            and c[5] * (c[0] + c[1]) * c[2] * space.DTYPE_BYTES[dtype] <= smem]
+    return out
+
+
+def _compile_one(job):
+    """Worker: run one candidate once on the shape's probe problem (fills Triton's cache)."""
+    from gemm_costmodel.kernels.moe import impl, space
+
+    dtype, probe_key, kind, c = job
+    try:
+        m, n, k, e, top_k, stage = probe_key
+        prob = space.Problem(m, n, k, dtype, e, top_k, stage)
+        ops = impl.make_operands(prob, "cuda", torch.Generator(device="cuda").manual_seed(0))
+        if kind == "space":
+            ops.run(space.config_from_id(c))
+        else:
+            launch_swap(c, stage, ops.x, ops.w, ops.topk_weights, ops.topk_ids, ops.out, ops.a_scale, ops.w_scale)
+        torch.cuda.synchronize()
+        return ""
+    except Exception as exc:  # noqa: BLE001 - the measuring process records the real status
+        return f"{type(exc).__name__}: {str(exc)[:160]}"
+
+
+def precompile(jobs, workers: int) -> dict:
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    t = time.perf_counter()
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
+        errs = [e for e in ex.map(_compile_one, jobs, chunksize=4) if e]
+    return {"jobs": len(jobs), "seconds": round(time.perf_counter() - t, 1), "errors": errs[:5], "n_errors": len(errs)}
+
+
+def main() -> int:
+    import pandas as pd
+
+    from gemm_costmodel.benchmarks.timing import GraphTimer, copies_for
+    from gemm_costmodel.kernels.moe import impl, space, suites
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp8"])
+    ap.add_argument("--max-shapes", type=int, default=0, help="per dtype (0: all)")
+    ap.add_argument("--workers", type=int, default=12)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "moe_swapab.jsonl")
+    done = set()
+    if os.path.exists(path):  # resume: a shape is done when its summary line is there
+        for line in open(path, encoding="utf-8"):
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            if r.get("kind") == "summary":
+                done.add(r["shape"])
+    dev = torch.device("cuda")
+    props = torch.cuda.get_device_properties(dev)
+    l2 = getattr(props, "L2_cache_size", 50 * 2**20)
+    timer = GraphTimer()
+    fh = open(path, "a", encoding="utf-8")
+    for dtype in args.dtypes:
+        df = pd.concat(pd.read_parquet(f, columns=["m", "n", "k", "e", "top_k", "stage", "routing", "candidate",
+                                                   "status", "p50_us"])
+                       for f in glob.glob(f"datasets/moe/{dtype}/*eval*.parquet"))
+        df = df[(df.status == "ok") & df.candidate.str.startswith("moe_")]
+        shapes = [s for s in suites.eval_suite(dtype) if s.m <= 64]
+        if args.max_shapes:
+            shapes = shapes[:args.max_shapes]
+        shapes = [s for s in shapes if s.key not in done]
+        plan = []
+        for s in shapes:
+            p = s.problem
+            sel = df[(df.m == p.m) & (df.n == p.n) & (df.k == p.k) & (df.e == p.e) & (df.top_k == p.top_k)
+                     & (df.stage == p.stage) & (df.routing == p.routing)]
+            known = sel.groupby("candidate").p50_us.median().sort_values()
+            plan.append((s, known, _candidates(s, list(known.index), dtype)))
+        jobs = sorted({(dtype, (q.m, q.n, q.k, q.e, q.top_k, q.stage), kind, c)
+                       for s, _, cands in plan for q in [space.probe_problem(s.problem)] for kind, c in cands},
+                      key=str)
+        print(json.dumps({"dtype": dtype, "shapes": len(plan), "precompile": precompile(jobs, args.workers)}),
+              flush=True)
+        gen = torch.Generator(device=dev).manual_seed(0)
+        for s, known, cands in plan:
+            p = s.problem
+            t_shape = time.perf_counter()
+            probe = impl.make_operands(p, dev, gen)
+            ncop = copies_for(probe.nbytes, l2, max_copies=8)
+            copies = [probe] + [impl.make_operands(p, dev, gen) for _ in range(ncop - 1)]
+            ref = impl.reference(probe)
+            recs = []
+            for kind, c in cands:
+                cid = c if kind == "space" else swap_id(c)
+                rec = {"shape": s.key, "family": s.family, "dtype": dtype, "m": p.m, "stage": p.stage,
+                       "routing": p.routing, "kind": kind, "candidate": cid, "gpu": props.name,
+                       "prev_run_p50_us": float(known[c]) if kind == "space" and c in known.index else None}
+                try:
+                    if kind == "space":
+                        cfg = space.config_from_id(c)
+                        fn = (lambda cfg: lambda i: copies[i].run(cfg))(cfg)
+                    else:
+                        fn = (lambda c: lambda i: launch_swap(c, p.stage, copies[i].x, copies[i].w,
+                                                              copies[i].topk_weights, copies[i].topk_ids,
+                                                              copies[i].out, copies[i].a_scale,
+                                                              copies[i].w_scale))(c)
+                    probe.out.fill_(float("nan"))
+                    y = fn(0)
+                    torch.cuda.synchronize()
+                    err = float((y.float() - ref).norm() / ref.norm())
+                    rec["rel_err"] = err
+                    if not err <= impl.ERROR_BOUNDS[dtype]:
+                        rec["status"] = "wrong"
+                    else:
+                        t = timer.measure(fn, len(copies))
+                        rec.update(status="ok", p20_us=t.p20_us, p50_us=t.p50_us, p80_us=t.p80_us, stable=t.stable)
+                except Exception as exc:  # noqa: BLE001 - recorded as the row's status
+                    rec.update(status="error", error=f"{type(exc).__name__}: {str(exc)[:200]}")
+                recs.append(rec)
+                fh.write(json.dumps(rec) + "\n")
+            ok = [r for r in recs if r.get("status") == "ok"]
+            space_ok = [r for r in ok if r["kind"] == "space"]
+            swap_ok = [r for r in ok if r["kind"] == "swap"]
+            best_space = min(space_ok, key=lambda r: r["p50_us"]) if space_ok else None
+            best_swap = min(swap_ok, key=lambda r: r["p50_us"]) if swap_ok else None
+            dflt = space.vllm_default(p.m, p.e, "fp8" if dtype == "fp8" else "bf16").id
+            d = [r["p50_us"] for r in space_ok if r["candidate"] == dflt]
+            summ = {"kind": "summary", "shape": s.key, "family": s.family, "dtype": dtype, "m": p.m,
+                    "stage": p.stage, "routing": p.routing, "gpu": props.name,
+                    "statuses": {st: sum(r.get("status") == st for r in recs) for st in ("ok", "wrong", "error")},
+                    "best_space": best_space and best_space["candidate"],
+                    "best_space_us": best_space and best_space["p50_us"],
+                    "best_swap": best_swap and best_swap["candidate"],
+                    "best_swap_us": best_swap and best_swap["p50_us"],
+                    "vllm_default_us": d[0] if d else None,
+                    "seconds": round(time.perf_counter() - t_shape, 2),
+                    "reserved_mb": round(torch.cuda.memory_reserved() / 2**20)}
+            fh.write(json.dumps(summ) + "\n")
+            fh.flush()
+            print(json.dumps(summ), flush=True)
+            del copies, probe, ref
+            torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
