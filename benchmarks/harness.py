@@ -69,7 +69,10 @@ def select_candidates(problem: Problem, mode: str, seed: int, arch: str = "sm90"
         unknown = names - set(VARIANTS)
         if unknown or not names:
             raise ValueError(f"candidate mode {mode!r}: unknown variant(s) {sorted(unknown)}; known: {sorted(VARIANTS)}")
-        return [c for c in feas if c.variant in names or isinstance(c, VendorConfig)]
+        new = [c for c in feas if c.variant in names]
+        # Where none of the variants runs (e.g. a decode-only variant at large M) there is
+        # nothing to add: the vendor alone would only repeat an earlier row.
+        return new + [c for c in feas if isinstance(c, VendorConfig)] if new else []
     if mode.startswith("sample:"):
         k = int(mode.split(":", 1)[1])
         base = [c for c in feas if c.variant in SAMPLE_BASE_VARIANTS]

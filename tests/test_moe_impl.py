@@ -14,6 +14,9 @@ from gemm_costmodel.kernels.moe import space as S
 
 CONFIGS = [S.MoeTiledConfig(16, 32, 32, 1, 4, 3), S.MoeTiledConfig(64, 64, 64, 16, 4, 3),
            S.MoeTiledConfig(16, 64, 64, 16, 4, 4), S.MoeTiledConfig(64, 32, 32, 1, 8, 2)]
+# Swap-AB: one slice; two slices of a K that BLOCK_K 16 tiles evenly; three slices (fp32 atomics).
+SWAP = [S.MoeSwapABConfig(16, 32, 32, 1, 4, 3), S.MoeSwapABConfig(16, 64, 16, 2, 4, 3),
+        S.MoeSwapABConfig(32, 32, 32, 3, 4, 3)]
 
 
 def _err(y, ref):
@@ -130,7 +133,7 @@ def test_align_is_repeatable():
 def test_stage_equals_reference(stage, n, k, dtype):
     """N and K not multiples of the tiles; 17 tokens on 8 experts."""
     ops = _operands(stage, 17, n, k, 8, 2, dtype, seed=3)
-    _check_stage(ops, CONFIGS, dtype)
+    _check_stage(ops, CONFIGS + SWAP, dtype)
 
 
 @pytest.mark.parametrize("stage, n, k", [("gate_up", 2 * 32, 64), ("down", 64, 32)])
@@ -158,10 +161,29 @@ def test_one_token_and_empty_experts(stage, n, k):
     _check_stage(ops, CONFIGS[:2], "fp32")
 
 
+@pytest.mark.parametrize("stage, n, k", [("gate_up", 2 * 24, 64), ("down", 48, 64)])
+def test_swapab_one_token_empty_experts_top1_and_skew(stage, n, k):
+    """Swap-AB (split or not) where most pair blocks are padding, where down writes y directly
+    (top_k 1, one slice) or sums fp32 slices first (top_k 1, split), and under zipf routing."""
+    _check_stage(_operands(stage, 1, n, k, 8, 2, "fp32", seed=5), SWAP, "fp32")  # 6 of 8 experts empty
+    _check_stage(_operands(stage, 3, n, k, 8, 1, "fp32", seed=6), SWAP, "fp32")
+    ops = I.make_operands(S.Problem(40, n, k, "fp16", 64, 4, stage, "zipf"), "cpu", torch.Generator().manual_seed(7))
+    _check_stage(ops, SWAP, "fp16")
+
+
+def test_swapab_split_sums_slices_and_rejects_foreign_configs():
+    """The split's fp32 buffer is zeroed per call: a second call gives the same result, not twice it."""
+    ops = _operands("down", 5, 40, 48, 4, 2, "fp32", seed=8)
+    first = ops.run(SWAP[2]).clone()
+    assert torch.equal(ops.run(SWAP[2]), first) or _err(ops.out, first) < 1e-6
+    with pytest.raises(ValueError, match="not a moe config"):
+        I.launch(object(), "down", ops.x, ops.w, ops.topk_weights, ops.topk_ids, ops.out)
+
+
 @pytest.mark.parametrize("stage, n, k", [("gate_up", 2 * 16, 24), ("down", 24, 16)])
 def test_512_experts(stage, n, k):
     ops = I.make_operands(S.Problem(6, n, k, "fp32", 512, 8, stage, "zipf"), "cpu", torch.Generator().manual_seed(7))
-    _check_stage(ops, [CONFIGS[0], CONFIGS[3]], "fp32")
+    _check_stage(ops, [CONFIGS[0], CONFIGS[3], SWAP[1]], "fp32")
 
 
 def test_routing_weights_matter():

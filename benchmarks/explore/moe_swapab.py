@@ -15,6 +15,10 @@ default, the vendor (bf16) and every swap-AB config below. Every candidate is co
 against the fp32 reference first. The kernels compile first in worker processes (Triton's cache),
 so the measuring process only loads them.
 
+The kernel measured here (the H100 run in benchmarks/results/moe/swapab/) joined the space
+unchanged as ``kernels/moe/impl.py: moe_swapab_kernel`` (``MoeSwapABConfig``, variant ``swapab``),
+on the grid of the configs that won here; this script now launches it from there.
+
     python benchmarks/explore/moe_swapab.py --out DIR [--dtypes bf16 fp8] [--max-shapes N]
 """
 from __future__ import annotations
@@ -26,56 +30,6 @@ import os
 import time
 
 import torch
-import triton
-import triton.language as tl
-
-
-@triton.jit(do_not_specialize=["EM", "num_valid", "A_DIV"])
-def moe_swapab_kernel(a_ptr, w_ptr, c_ptr, a_scale_ptr, w_scale_ptr, tw_ptr, sorted_ptr, expert_ids_ptr, ntpp_ptr,
-                      N, K, EM, num_valid, A_DIV, stride_am, stride_we, stride_wn, stride_cm,
-                      MUL_WEIGHT: tl.constexpr, HAS_SCALE: tl.constexpr, EVEN_K: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
-    """Program (n-tile, pair block, K slice): acc (BLOCK_N, BLOCK_M) = w_e[n-tile] @ a[pairs].T.
-    A_DIV is a runtime argument (the gate_up's top_k): one compiled kernel for every top_k."""
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    pid_s = tl.program_id(2)
-    if pid_m * BLOCK_M >= tl.load(ntpp_ptr):
-        return
-    pair = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    valid = pair < num_valid
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-    rows = tl.where(valid, pair // A_DIV, 0)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rn = tl.where(offs_n < N, offs_n, 0)
-    total = tl.cdiv(K, BLOCK_K)
-    t0 = pid_s * total // SPLIT_K
-    t1 = (pid_s + 1) * total // SPLIT_K
-    offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + rows[:, None] * stride_am + (t0 * BLOCK_K + offs_k)[None, :]
-    w_ptrs = w_ptr + expert * stride_we + rn[:, None] * stride_wn + (t0 * BLOCK_K + offs_k)[None, :]
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for kt in range(t0, t1):
-        if EVEN_K:
-            a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
-            b = tl.load(w_ptrs)
-        else:
-            k_mask = offs_k[None, :] < K - kt * BLOCK_K
-            a = tl.load(a_ptrs, mask=valid[:, None] & k_mask, other=0.0)
-            b = tl.load(w_ptrs, mask=k_mask, other=0.0)
-        acc = tl.dot(b, tl.trans(a), acc)
-        a_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
-    if HAS_SCALE:
-        acc = acc * (tl.load(a_scale_ptr) * tl.load(w_scale_ptr + expert))
-    if MUL_WEIGHT:
-        acc = acc * tl.load(tw_ptr + pair, mask=valid, other=0.0)[None, :]
-    c_ptrs = c_ptr + pair[None, :] * stride_cm + offs_n[:, None]
-    mask = valid[None, :] & (offs_n[:, None] < N)
-    if SPLIT_K == 1:
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
-    else:
-        tl.atomic_add(c_ptrs, acc, mask=mask, sem="relaxed")
 
 
 # (BLOCK_M tokens, BLOCK_N weight rows, BLOCK_K, SPLIT_K, num_warps, num_stages)
@@ -85,40 +39,16 @@ SWAP_CONFIGS = [(bm, bn, bk, sk, 4, st)
 
 
 def swap_id(c) -> str:
-    bm, bn, bk, sk, w, st = c
-    return f"moeswap_m{bm}n{bn}k{bk}_s{sk}_w{w}s{st}"
+    from gemm_costmodel.kernels.moe import space
+
+    return space.MoeSwapABConfig(*c).id
 
 
 def launch_swap(c, stage, x, w, topk_weights, topk_ids, out, a_scale=None, w_scale=None):
-    """One stage on swap-AB config c: align, the swapped grouped GEMM, silu-and-mul or the sum."""
-    from gemm_costmodel.kernels.moe import impl
+    """One stage on swap-AB config c (a tuple in MoeSwapABConfig's field order): the op's launch."""
+    from gemm_costmodel.kernels.moe import impl, space
 
-    bm, bn, bk, sk, warps, stages = c
-    fp8 = w.dtype == torch.float8_e4m3fn
-    if fp8 and x.dtype != torch.float8_e4m3fn:
-        x = impl.quantize_fp8(x, a_scale)
-    E, N, K = w.shape
-    top_k = topk_ids.shape[1]
-    pairs = topk_ids.numel()
-    sorted_ids, expert_ids, ntpp = impl.align(topk_ids, E, bm)
-    down = stage == "down"
-    direct = down and top_k == 1 and sk == 1
-    if sk > 1:
-        cbuf = torch.zeros((pairs, N), dtype=torch.float32, device=x.device)
-    else:
-        cbuf = out if direct else torch.empty((pairs, N), dtype=out.dtype, device=x.device)
-    EM = sorted_ids.numel()
-    grid = (triton.cdiv(N, bn), triton.cdiv(EM, bm), sk)
-    moe_swapab_kernel[grid](
-        x, w, cbuf, a_scale if fp8 else x, w_scale if fp8 else x, topk_weights, sorted_ids, expert_ids, ntpp,
-        N, K, EM, pairs, 1 if down else top_k, x.stride(0), w.stride(0), w.stride(1), cbuf.stride(0),
-        MUL_WEIGHT=down, HAS_SCALE=fp8, EVEN_K=K % bk == 0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk,
-        num_warps=warps, num_stages=stages)
-    if not down:
-        return impl.silu_and_mul(cbuf, out)
-    if not direct:
-        impl._combine(cbuf, out, top_k)
-    return out
+    return impl.launch(space.MoeSwapABConfig(*c), stage, x, w, topk_weights, topk_ids, out, a_scale, w_scale)
 
 
 def _candidates(shape, known, dtype):

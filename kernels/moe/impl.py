@@ -13,6 +13,9 @@ Candidates:
   expert and pads each expert's group to BLOCK_M rows (two Triton launches, no host sync), then one
   grouped GEMM launch over (BLOCK_M rows of one expert) x (BLOCK_N weight rows) tiles in grouped
   order; then silu-and-mul (gate_up) or the sum over top_k (down).
+- a ``MoeSwapABConfig`` (decode): the same align, then the grouped GEMM with the operands swapped
+  (``moe_swapab_kernel``: weight rows on the MMA's M side, a block of sorted pairs on its N side),
+  optionally split over K into a zeroed fp32 buffer that silu-and-mul or the sum then read;
 - the vendor ``grouped_mm``: the pairs permuted expert-contiguous with torch ops, then
   ``torch._grouped_mm``, then the same silu-and-mul / weighted sum kernels, scattering back.
 
@@ -35,7 +38,7 @@ import triton.language as tl
 
 from ..common import _grouped_tile, zeroed_buffer
 from . import routing as R
-from .space import MAX_EXPERTS, STAGES, MoeTiledConfig, Problem, VendorConfig
+from .space import MAX_EXPERTS, STAGES, MoeSwapABConfig, MoeTiledConfig, Problem, VendorConfig
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
@@ -264,6 +267,57 @@ def moe_gemm_kernel(a_ptr, w_ptr, c_ptr, a_scale_ptr, w_scale_ptr, tw_ptr, sorte
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=valid[:, None] & (offs_n[None, :] < N))
 
 
+@triton.jit(do_not_specialize=["EM", "num_valid", "A_DIV"])
+def moe_swapab_kernel(a_ptr, w_ptr, c_ptr, a_scale_ptr, w_scale_ptr, tw_ptr, sorted_ptr, expert_ids_ptr, ntpp_ptr,
+                      N, K, EM, num_valid, A_DIV, stride_am, stride_we, stride_wn, stride_cm,
+                      MUL_WEIGHT: tl.constexpr, HAS_SCALE: tl.constexpr, EVEN_K: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """Program (n-tile, pair block, K slice): acc (BLOCK_N, BLOCK_M) = w_e[n-tile] @ a[pairs].T, so
+    the weight rows fill wgmma's 64-row M side and the few pairs of a decode step its N side (the
+    unswapped kernel pads them to BLOCK_M >= 16 MMA rows on the Ampere-style path). With SPLIT_K
+    > 1 the slices add fp32 partials into c (zeroed, fp32). A_DIV (gate_up's top_k) is a runtime
+    argument: one compiled kernel for every top_k."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    if pid_m * BLOCK_M >= tl.load(ntpp_ptr):
+        return
+    pair = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    valid = pair < num_valid
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    rows = tl.where(valid, pair // A_DIV, 0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = tl.where(offs_n < N, offs_n, 0)
+    total = tl.cdiv(K, BLOCK_K)
+    t0 = pid_s * total // SPLIT_K
+    t1 = (pid_s + 1) * total // SPLIT_K
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rows[:, None] * stride_am + (t0 * BLOCK_K + offs_k)[None, :]
+    w_ptrs = w_ptr + expert * stride_we + rn[:, None] * stride_wn + (t0 * BLOCK_K + offs_k)[None, :]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for kt in range(t0, t1):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
+            b = tl.load(w_ptrs)
+        else:
+            k_mask = offs_k[None, :] < K - kt * BLOCK_K
+            a = tl.load(a_ptrs, mask=valid[:, None] & k_mask, other=0.0)
+            b = tl.load(w_ptrs, mask=k_mask, other=0.0)
+        acc = tl.dot(b, tl.trans(a), acc)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    if HAS_SCALE:
+        acc = acc * (tl.load(a_scale_ptr) * tl.load(w_scale_ptr + expert))
+    if MUL_WEIGHT:
+        acc = acc * tl.load(tw_ptr + pair, mask=valid, other=0.0)[None, :]
+    c_ptrs = c_ptr + pair[None, :] * stride_cm + offs_n[:, None]
+    mask = valid[None, :] & (offs_n[:, None] < N)
+    if SPLIT_K == 1:
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.atomic_add(c_ptrs, acc, mask=mask, sem="relaxed")
+
+
 @triton.jit
 def _silu_mul_kernel(x_ptr, y_ptr, map_ptr, I, stride_x, stride_y, HAS_MAP: tl.constexpr, BLOCK: tl.constexpr):
     """y[dst, :] = silu(x[r, :I]) * x[r, I:2I] in fp32, dst = map[r] (the vendor's scatter back to
@@ -422,7 +476,8 @@ def output_shape(stage: str, x: torch.Tensor, w: torch.Tensor, topk_ids: torch.T
 def launch(cfg, stage: str, x: torch.Tensor, w: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
            out: torch.Tensor | None = None, a_scale: torch.Tensor | None = None,
            w_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """Run one stage on candidate ``cfg`` (a MoeTiledConfig or the vendor); returns ``out``.
+    """Run one stage on candidate ``cfg`` (a MoeTiledConfig, a MoeSwapABConfig or the vendor);
+    returns ``out``.
 
     gate_up: x (M, K), w (E, N, K) -> (M * top_k, N // 2). down: x (M * top_k, K), w (E, N, K) ->
     (M, N), weighted by topk_weights (M, top_k) fp32. fp8 weights (per-expert scales w_scale (E,))
@@ -440,24 +495,39 @@ def launch(cfg, stage: str, x: torch.Tensor, w: torch.Tensor, topk_weights: torc
         if fp8:
             raise ValueError("the vendor candidate (torch._grouped_mm) has no fp8 path")
         return _vendor(stage, x, w, topk_weights, topk_ids, out)
-    if not isinstance(cfg, MoeTiledConfig):
+    swap = isinstance(cfg, MoeSwapABConfig)
+    if not (swap or isinstance(cfg, MoeTiledConfig)):
         raise ValueError(f"not a moe config: {cfg!r}")
     E, N, K = w.shape
     top_k = topk_ids.shape[1]
     pairs = topk_ids.numel()
     sorted_ids, expert_ids, ntpp = align(topk_ids, E, cfg.block_m)
     down = stage == "down"
-    # down with top_k 1: pair == token, so the GEMM writes y directly.
-    direct = down and top_k == 1
-    c = out if direct else torch.empty((pairs, N), dtype=out.dtype, device=x.device)
+    split = swap and cfg.split_k > 1
+    # down with top_k 1: pair == token, so the GEMM writes y directly (unless it sums slices).
+    direct = down and top_k == 1 and not split
+    if split:
+        c = torch.zeros((pairs, N), dtype=torch.float32, device=x.device)
+    else:
+        c = out if direct else torch.empty((pairs, N), dtype=out.dtype, device=x.device)
     EM = sorted_ids.numel()
-    grid = (triton.cdiv(EM, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
-    moe_gemm_kernel[grid](
-        x, w, c, a_scale if fp8 else x, w_scale if fp8 else x, topk_weights, sorted_ids, expert_ids, ntpp,
-        N, K, EM, pairs, x.stride(0), w.stride(0), w.stride(1), c.stride(0),
-        A_DIV=1 if down else top_k, MUL_WEIGHT=down, HAS_SCALE=fp8, EVEN_K=K % cfg.block_k == 0,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    scales = (a_scale if fp8 else x, w_scale if fp8 else x)
+    if swap:
+        grid = (triton.cdiv(N, cfg.block_n), triton.cdiv(EM, cfg.block_m), cfg.split_k)
+        moe_swapab_kernel[grid](
+            x, w, c, *scales, topk_weights, sorted_ids, expert_ids, ntpp,
+            N, K, EM, pairs, 1 if down else top_k, x.stride(0), w.stride(0), w.stride(1), c.stride(0),
+            MUL_WEIGHT=down, HAS_SCALE=fp8, EVEN_K=K % cfg.block_k == 0, BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    else:
+        grid = (triton.cdiv(EM, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
+        moe_gemm_kernel[grid](
+            x, w, c, *scales, topk_weights, sorted_ids, expert_ids, ntpp,
+            N, K, EM, pairs, x.stride(0), w.stride(0), w.stride(1), c.stride(0),
+            A_DIV=1 if down else top_k, MUL_WEIGHT=down, HAS_SCALE=fp8, EVEN_K=K % cfg.block_k == 0,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if not down:
         return silu_and_mul(c, out)
     if not direct:

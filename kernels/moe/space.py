@@ -20,6 +20,12 @@ Candidates (the same module interface as ``kernels/gemm_configs.py``):
   files for the dtype (``vllm_h100.py``: vLLM's exhaustive tuner picked each of them for some
   (E, N, M)) plus vLLM's default for every M (``vllm_default``): vLLM's default and tuned
   configs run in our kernel as candidates.
+- ``swapab`` (``MoeSwapABConfig``, M <= 64): the same grouped GEMM with the operands swapped, so
+  a tile is BLOCK_N weight rows (wgmma's M side, 64 or 128) by a 16-slot block of one expert's
+  sorted pairs, with an optional split over K (fp32 partials added atomically). Not a vLLM
+  config: it never enters a vLLM export. Measured on the H100 before it joined
+  (``benchmarks/explore/moe_swapab.py``, ``benchmarks/results/moe/swapab/``): fastest on 55 of
+  the 64 fp8 and 25 of the 64 bf16 held-out decode shapes.
 - ``vendor`` (``grouped_mm``): ``torch._grouped_mm`` (bf16, sm90) over the expert-contiguous
   layout, its permutation of the rows counted in its time.
 
@@ -109,10 +115,30 @@ class MoeTiledConfig:
                 f"_g{self.group_m}_w{self.num_warps}s{self.num_stages}")
 
 
+@dataclass(frozen=True)
+class MoeSwapABConfig:
+    """The swapped grouped GEMM: programs over (BLOCK_N weight rows of one expert) x (BLOCK_M of
+    its sorted pairs) x (SPLIT_K slices of K). block_m is the pairs' padding unit, as for tiled."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int
+    num_warps: int
+    num_stages: int
+    variant: ClassVar[str] = "swapab"
+
+    @property
+    def id(self) -> str:
+        return (f"moeswap_m{self.block_m}n{self.block_n}k{self.block_k}"
+                f"_s{self.split_k}_w{self.num_warps}s{self.num_stages}")
+
+
 VENDOR = VendorConfig("grouped_mm")
-MoeConfig = Union[MoeTiledConfig, VendorConfig]
-VARIANTS = {"tiled": MoeTiledConfig, "vendor": VendorConfig}
-_ID_RE = {"tiled": re.compile(r"^moe_m(\d+)n(\d+)k(\d+)_g(\d+)_w(\d+)s(\d+)$")}
+MoeConfig = Union[MoeTiledConfig, MoeSwapABConfig, VendorConfig]
+VARIANTS = {"tiled": MoeTiledConfig, "swapab": MoeSwapABConfig, "vendor": VendorConfig}
+_ID_RE = {"tiled": re.compile(r"^moe_m(\d+)n(\d+)k(\d+)_g(\d+)_w(\d+)s(\d+)$"),
+          "swapab": re.compile(r"^moeswap_m(\d+)n(\d+)k(\d+)_s(\d+)_w(\d+)s(\d+)$")}
 
 
 def config_from_id(cid: str) -> MoeConfig:
@@ -128,7 +154,7 @@ def config_params(cfg: MoeConfig) -> dict:
         return {p: 0 for p in PARAM_NAMES}
     names = {f.name for f in fields(cfg)}
     out = {p: getattr(cfg, p) if p in names else 0 for p in PARAM_NAMES}
-    out["split_k"] = 1
+    out["split_k"] = getattr(cfg, "split_k", 1)
     return out
 
 
@@ -168,11 +194,23 @@ def to_vllm(cfg: MoeTiledConfig) -> dict:
 _DEFAULT_M = (1, 32, 33, 64, 65, 96, 97, 128, 129, 512, 513, 8192)
 
 
-def _enumerate(dtype: str) -> list[MoeTiledConfig]:
+# Largest M the swap-AB variant runs at (decode; a problem rule).
+SWAPAB_MAX_M = 64
+# The swap-AB grid, from its H100 exploration (benchmarks/results/moe/swapab/): every winner had a
+# 16-slot pair block and 4 warps; 32-slot blocks won no shape and are left out.
+SWAPAB_BLOCK_N = (64, 128)
+SWAPAB_BLOCK_K = (128, 256)
+SWAPAB_SPLIT_K = (1, 2, 4)
+SWAPAB_STAGES = (3, 4)
+
+
+def _enumerate(dtype: str) -> list[MoeConfig]:
     table = vllm_h100.FP8 if dtype == "fp8" else vllm_h100.BF16
     dd = "fp8" if dtype == "fp8" else "bf16"
     out = [vllm_default(m, e, dd) for m in _DEFAULT_M for e in (1, 64)]
     out += [MoeTiledConfig(*t) for t in table]
+    out += [MoeSwapABConfig(16, bn, bk, sk, 4, st) for bn in SWAPAB_BLOCK_N for bk in SWAPAB_BLOCK_K
+            for sk in SWAPAB_SPLIT_K for st in SWAPAB_STAGES]
     return list(dict.fromkeys(out))
 
 
@@ -225,6 +263,7 @@ class ConfigArrays:
         variants = np.array([c.variant for c in configs], dtype=object)
         self.n = len(variants)
         self.vendor = variants == "vendor"
+        self.swapab = variants == "swapab"
         self.params = param_arrays(configs, config_params, PARAM_NAMES)
 
 
@@ -234,6 +273,9 @@ PROBLEM_RULES = (
     (lambda p: bool(p.k % VENDOR_ALIGN),
      lambda a, p: a.vendor,
      lambda p, c: f"torch._grouped_mm needs K divisible by {VENDOR_ALIGN} (16-byte rows)"),
+    (lambda p: p.m > SWAPAB_MAX_M,
+     lambda a, p: a.swapab,
+     lambda p, c: f"swap-AB is a decode variant (M <= {SWAPAB_MAX_M})"),
 )
 
 
