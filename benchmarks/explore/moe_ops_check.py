@@ -1,7 +1,7 @@
 """GPU check of the fused-MoE torch op (issue 17): route then fused_moe, eager, under
 torch.compile(fullgraph=True), and captured in a CUDA graph and replayed twice (the align kernels'
 arrival counter must re-arm), against the fp32 reference layer; bf16 and fp8 (static scales);
-then the vendor and a few tiled configs of each stage inside a graph, and a vLLM-format tuned
+then the vendor, a few tiled and two swap-AB configs of each stage inside a graph, and a vLLM-format tuned
 file's exact-M hit. One line per case; exits 1 on a failure.
 
     python benchmarks/explore/moe_ops_check.py [VLLM_CONFIG_DIR]
@@ -67,7 +67,9 @@ def main() -> int:
         p = space.Problem(48, n, k, "bf16", 64, 6, stage, "zipf")
         o = impl.make_operands(p, "cuda", torch.Generator(device="cuda").manual_seed(1))
         ref = impl.reference(o)
-        for cid in ("grouped_mm", space.vllm_default(48, 64).id, "moe_m64n128k64_g16_w8s3"):
+        # Swap-AB with and without a split (the split zeroes an fp32 buffer inside the graph).
+        for cid in ("grouped_mm", space.vllm_default(48, 64).id, "moe_m64n128k64_g16_w8s3",
+                    "moeswap_m16n64k128_s1_w4s3", "moeswap_m16n128k128_s4_w4s4"):
             cfg = space.config_from_id(cid)
             o.run(cfg)  # warm-up (compile) outside the capture
             g = torch.cuda.CUDAGraph()
