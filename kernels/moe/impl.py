@@ -223,6 +223,35 @@ def align_reference(topk_ids: torch.Tensor, num_experts: int, block_m: int):
 # The grouped GEMM and the small kernels around it
 # ----------------------------------------------------------------------------
 
+@triton.jit
+def _pair_block(sorted_ptr, expert_ids_ptr, pid_m, pid_n, N, num_valid, A_DIV,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Both grouped GEMMs' view of a program: its BLOCK_M sorted slots (pair ids; padding slots hold
+    a sentinel >= num_valid), which are real, their expert, the A rows they read (pair // A_DIV),
+    and its BLOCK_N weight rows (rn: out-of-range rows read row 0; the store mask drops them)."""
+    pair = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    valid = pair < num_valid
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    rows = tl.where(valid, pair // A_DIV, 0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = tl.where(offs_n < N, offs_n, 0)
+    return pair, valid, expert, rows, offs_n, rn
+
+
+@triton.jit
+def _k_step(a_ptrs, w_ptrs, valid, offs_k, k_left, EVEN_K: tl.constexpr):
+    """One K step's (A, W) tiles: padding slots load zeros, and so does the K tail (k_left
+    columns remain) unless K is a multiple of BLOCK_K."""
+    if EVEN_K:
+        a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
+        b = tl.load(w_ptrs)
+    else:
+        k_mask = offs_k[None, :] < k_left
+        a = tl.load(a_ptrs, mask=valid[:, None] & k_mask, other=0.0)
+        b = tl.load(w_ptrs, mask=k_mask, other=0.0)
+    return a, b
+
+
 @triton.jit(do_not_specialize=["EM", "num_valid"])
 def moe_gemm_kernel(a_ptr, w_ptr, c_ptr, a_scale_ptr, w_scale_ptr, tw_ptr, sorted_ptr, expert_ids_ptr, ntpp_ptr,
                     N, K, EM, num_valid, stride_am, stride_we, stride_wn, stride_cm,
@@ -237,25 +266,14 @@ def moe_gemm_kernel(a_ptr, w_ptr, c_ptr, a_scale_ptr, w_scale_ptr, tw_ptr, sorte
     pid_m, pid_n = _grouped_tile(tl.program_id(0), num_pid_m, num_pid_n, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(ntpp_ptr):
         return
-    pair = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    valid = pair < num_valid
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-    rows = tl.where(valid, pair // A_DIV, 0)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    # Out-of-range weight rows read row 0; the store mask drops them.
-    rn = tl.where(offs_n < N, offs_n, 0)
+    pair, valid, expert, rows, offs_n, rn = _pair_block(sorted_ptr, expert_ids_ptr, pid_m, pid_n, N, num_valid, A_DIV,
+                                                        BLOCK_M, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :]
     w_ptrs = w_ptr + expert * stride_we + rn[:, None] * stride_wn + offs_k[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kt in range(0, tl.cdiv(K, BLOCK_K)):
-        if EVEN_K:
-            a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
-            b = tl.load(w_ptrs)
-        else:
-            k_mask = offs_k[None, :] < K - kt * BLOCK_K
-            a = tl.load(a_ptrs, mask=valid[:, None] & k_mask, other=0.0)
-            b = tl.load(w_ptrs, mask=k_mask, other=0.0)
+        a, b = _k_step(a_ptrs, w_ptrs, valid, offs_k, K - kt * BLOCK_K, EVEN_K)
         acc = tl.dot(a, tl.trans(b), acc)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
@@ -282,12 +300,8 @@ def moe_swapab_kernel(a_ptr, w_ptr, c_ptr, a_scale_ptr, w_scale_ptr, tw_ptr, sor
     pid_s = tl.program_id(2)
     if pid_m * BLOCK_M >= tl.load(ntpp_ptr):
         return
-    pair = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    valid = pair < num_valid
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-    rows = tl.where(valid, pair // A_DIV, 0)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rn = tl.where(offs_n < N, offs_n, 0)
+    pair, valid, expert, rows, offs_n, rn = _pair_block(sorted_ptr, expert_ids_ptr, pid_m, pid_n, N, num_valid, A_DIV,
+                                                        BLOCK_M, BLOCK_N)
     total = tl.cdiv(K, BLOCK_K)
     t0 = pid_s * total // SPLIT_K
     t1 = (pid_s + 1) * total // SPLIT_K
@@ -296,13 +310,7 @@ def moe_swapab_kernel(a_ptr, w_ptr, c_ptr, a_scale_ptr, w_scale_ptr, tw_ptr, sor
     w_ptrs = w_ptr + expert * stride_we + rn[:, None] * stride_wn + (t0 * BLOCK_K + offs_k)[None, :]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for kt in range(t0, t1):
-        if EVEN_K:
-            a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
-            b = tl.load(w_ptrs)
-        else:
-            k_mask = offs_k[None, :] < K - kt * BLOCK_K
-            a = tl.load(a_ptrs, mask=valid[:, None] & k_mask, other=0.0)
-            b = tl.load(w_ptrs, mask=k_mask, other=0.0)
+        a, b = _k_step(a_ptrs, w_ptrs, valid, offs_k, K - kt * BLOCK_K, EVEN_K)
         acc = tl.dot(b, tl.trans(a), acc)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
