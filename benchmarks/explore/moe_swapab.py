@@ -12,8 +12,8 @@ the top_k sum read fp32 as well as bf16, so they need no change).
 Per held-out evaluation shape with M <= 64 (both dtypes, both stages, balanced and zipf routing),
 in one process on one GPU: the 3 fastest tiled configs of the committed evaluation run, vLLM's
 default, the vendor (bf16) and every swap-AB config below. Every candidate is correctness-gated
-against the fp32 reference first. The kernels compile first in worker processes (Triton's cache),
-so the measuring process only loads them.
+against the fp32 reference first. The kernels compile first in worker processes (the harness's
+precompile fills Triton's cache), so the measuring process only loads them.
 
 The kernel measured here (the H100 run in benchmarks/results/moe/swapab/) joined the space
 unchanged as ``kernels/moe/impl.py: moe_swapab_kernel`` (``MoeSwapABConfig``, variant ``swapab``),
@@ -72,38 +72,10 @@ def _candidates(shape, known, dtype):
     return out
 
 
-def _compile_one(job):
-    """Worker: run one candidate once on the shape's probe problem (fills Triton's cache)."""
-    from gemm_costmodel.kernels.moe import impl, space
-
-    dtype, probe_key, kind, c = job
-    try:
-        m, n, k, e, top_k, stage = probe_key
-        prob = space.Problem(m, n, k, dtype, e, top_k, stage)
-        ops = impl.make_operands(prob, "cuda", torch.Generator(device="cuda").manual_seed(0))
-        if kind == "space":
-            ops.run(space.config_from_id(c))
-        else:
-            launch_swap(c, stage, ops.x, ops.w, ops.topk_weights, ops.topk_ids, ops.out, ops.a_scale, ops.w_scale)
-        torch.cuda.synchronize()
-        return ""
-    except Exception as exc:  # noqa: BLE001 - the measuring process records the real status
-        return f"{type(exc).__name__}: {str(exc)[:160]}"
-
-
-def precompile(jobs, workers: int) -> dict:
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-
-    t = time.perf_counter()
-    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
-        errs = [e for e in ex.map(_compile_one, jobs, chunksize=4) if e]
-    return {"jobs": len(jobs), "seconds": round(time.perf_counter() - t, 1), "errors": errs[:5], "n_errors": len(errs)}
-
-
 def main() -> int:
     import pandas as pd
 
+    from gemm_costmodel.benchmarks.precompile import precompile
     from gemm_costmodel.benchmarks.timing import GraphTimer, copies_for
     from gemm_costmodel.kernels.moe import impl, space, suites
 
@@ -145,11 +117,11 @@ def main() -> int:
                      & (df.stage == p.stage) & (df.routing == p.routing)]
             known = sel.groupby("candidate").p50_us.median().sort_values()
             plan.append((s, known, _candidates(s, list(known.index), dtype)))
-        jobs = sorted({(dtype, (q.m, q.n, q.k, q.e, q.top_k, q.stage), kind, c)
-                       for s, _, cands in plan for q in [space.probe_problem(s.problem)] for kind, c in cands},
-                      key=str)
-        print(json.dumps({"dtype": dtype, "shapes": len(plan), "precompile": precompile(jobs, args.workers)}),
-              flush=True)
+        # The harness's parallel precompile (one worker task per config and specialisation).
+        cfgs = [(s.problem, [space.config_from_id(c) if kind == "space" else space.MoeSwapABConfig(*c)
+                             for kind, c in cands]) for s, _, cands in plan]
+        print(json.dumps({"dtype": dtype, "shapes": len(plan)}), flush=True)
+        precompile(cfgs, args.workers, op="moe")
         gen = torch.Generator(device=dev).manual_seed(0)
         for s, known, cands in plan:
             p = s.problem
