@@ -9,6 +9,15 @@ buffers (>= 2x L2) and the harness's correctness gate (fp32 reference) before an
   matmul, compiled fresh per shape (dynamo reset, caches off, a fresh cache folder), with its
   compile + autotune wall time.
 
+Timing order: Inductor compiles first, then the three contenders are timed in ``--rounds``
+interleaved rounds, the order rotated each round (A B C, B C A, C A B), and each contender's time
+is the median of its round medians. Timing each contender once, one after the other, let the
+GPU's clock state drift between them: run 3 timed Inductor right after its compile (seconds with
+the GPU nearly idle) and measured it 12% faster than the same cuBLAS kernel timed seconds before
+on 8192x28672x4096, a compute-bound shape whose clocks fall as the card heats. Inductor's pick
+(the first line of its AUTOTUNE table, which it prints to stderr) is kept in the row, so a tie of
+two cuBLAS calls reads as one.
+
 Also: our cold decision time (``clear_cache`` then ``select``, median of 5) and warm ``select``, the
 device copy bandwidth once (a 1 GiB copy, read + write bytes / time, same timer) and per shape
 the HBM floor = (weight + x + y bytes) / copy bandwidth. A failed gate or a compile error stays
@@ -23,6 +32,7 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -35,6 +45,8 @@ SUITE_M = (1, 2, 4, 16, 64, 128, 512, 2048, 8192, 16384)
 # More M = 1 shapes (batch-1 decode is the first shape users time).
 EXTRA_M1_NK = ((4096, 4096), (14336, 4096), (5120, 5120))
 CONTENDERS = ("dispatched", "cublas", "inductor")
+DEFAULT_ROUNDS = 3
+_AUTOTUNE_ROW = re.compile(r"^\s+(\S+) ([0-9.]+) ms ([0-9.]+)%\s*(.*)$")
 
 
 def default_suite(dtype: str = "bf16") -> list[tuple[int, int, int, str]]:
@@ -94,6 +106,76 @@ def _gm(xs) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
+def parse_autotune(text: str) -> list[dict]:
+    """Inductor's AUTOTUNE tables in captured stderr: per table, the op, and its fastest choice's
+    name, time (ms) and description (the first row: Inductor sorts them, best first)."""
+    out, lines = [], text.splitlines()
+    for i, line in enumerate(lines):
+        if not line.startswith("AUTOTUNE "):
+            continue
+        for row in lines[i + 1:]:
+            if row.startswith("AUTOTUNE ") or "AUTOTUNE benchmarking" in row:
+                break
+            m = _AUTOTUNE_ROW.match(row)
+            if m:
+                out.append({"op": line[len("AUTOTUNE "):].strip(), "choice": m.group(1),
+                            "ms": float(m.group(2)), "description": m.group(4)[:300]})
+                break
+    return out
+
+
+def is_extern_choice(name: str) -> bool:
+    """Inductor names a library call by its aten op (mm, addmm, _scaled_mm), a template choice
+    with a numbered suffix (triton_mm_7, decompose_k_mm_4_split, ...)."""
+    return re.fullmatch(r"_?[a-z_]*mm", name) is not None
+
+
+def capture_stderr(call):
+    """(call(), what it wrote to file descriptor 2), echoed back to stderr after. Inductor writes
+    its AUTOTUNE tables with sys.stderr.write, and its compile workers inherit the descriptor, so
+    the descriptor is redirected, not sys.stderr."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            result = call()
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+        tmp.seek(0)
+        text = tmp.read().decode("utf-8", errors="replace")
+    sys.stderr.write(text)
+    return result, text
+
+
+def rotated(labels, r: int) -> list:
+    """The round-r order: the labels rotated left by r."""
+    labels = list(labels)
+    r %= len(labels)
+    return labels[r:] + labels[:r]
+
+
+def time_rounds(runs: dict, timer, n_copies: int, rounds: int) -> dict:
+    """Time each ``runs[label]`` (a function of the copy index) in ``rounds`` interleaved rounds,
+    the order rotated each round. Per label: the median of the round p50s (``us``), the median of
+    the round p20s and p80s, stable when every round was, and the round p50s themselves."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    per = {label: [] for label in runs}
+    for r in range(rounds):
+        for label in rotated(runs, r):
+            per[label].append(timer.measure(runs[label], n_copies, key=label))
+    out = {}
+    for label, ts in per.items():
+        out[label] = {"us": statistics.median(t.p50_us for t in ts),
+                      "p20_us": statistics.median(t.p20_us for t in ts),
+                      "p80_us": statistics.median(t.p80_us for t in ts),
+                      "stable": all(t.stable for t in ts), "rounds_us": [t.p50_us for t in ts]}
+    return out
+
+
 def summarize(rows: list[dict]) -> dict:
     """Speedups of the dispatched kernel (time of the peer / ours, > 1 = we are faster) over the rows
     where both were timed ok: geomean overall and per M bucket, the worst shape vs Inductor, the
@@ -115,6 +197,14 @@ def summarize(rows: list[dict]) -> dict:
     worst = min(vs_ind, key=vs_ind.get)
     out["worst_vs_inductor"] = {"shape": worst, "speedup": vs_ind[worst]}
     out["slower_than_inductor_by_3pct"] = sorted(k for k, v in vs_ind.items() if v < 1 / 1.03)
+    by_key = {shape_key(r["m"], r["n"], r["k"], r["dtype"]): r for r in ok}
+    out["slower_detail"] = [{"shape": k, "speedup": vs_ind[k], "dispatched": by_key[k]["dispatched"],
+                             "inductor_choice": by_key[k].get("inductor_choice")}
+                            for k in out["slower_than_inductor_by_3pct"]]
+    picks = [r.get("inductor_choice") for r in ok if r.get("inductor_choice")]
+    if picks:
+        out["inductor_picks_extern"] = sum(is_extern_choice(c) for c in picks)
+        out["inductor_picks_known"] = len(picks)
     out["m1"] = [{"shape": shape_key(r["m"], r["n"], r["k"], r["dtype"]), "dispatched": r["dispatched"],
                   "dispatched_us": r["dispatched_us"], "inductor_us": r["inductor_us"], "cublas_us": r["cublas_us"],
                   "floor_fraction": r.get("dispatched_floor_fraction")} for r in ok if r["m"] == 1]
@@ -144,6 +234,13 @@ def summary_markdown(s: dict, meta: dict) -> str:
         L.append(f"- Inductor compile + autotune: median {s['inductor_compile_s']['median']:.1f} s, max "
                  f"{s['inductor_compile_s']['max']:.1f} s per shape; our cold decision: median "
                  f"{s['cold_decision_us']['median']:.0f} us, max {s['cold_decision_us']['max']:.0f} us")
+    if s.get("inductor_picks_known"):
+        L.append(f"- Inductor picked cuBLAS (extern) on {s['inductor_picks_extern']} of {s['inductor_picks_known']} "
+                 f"shapes whose AUTOTUNE table was read")
+    if s.get("slower_detail"):
+        L += ["", "| > 3% slower than Inductor | speedup | dispatched | Inductor's pick |", "|---|---|---|---|"]
+        for x in s["slower_detail"]:
+            L.append(f"| {x['shape']} | {x['speedup']:.3f} | {x['dispatched']} | {x['inductor_choice'] or '?'} |")
     L += ["", "| M bucket | shapes | vs Inductor | vs cuBLAS |", "|---|---|---|---|"]
     for b, v in s["buckets"].items():
         L.append(f"| {b} | {v['shapes']} | {v['vs_inductor']:.3f} | {v['vs_cublas']:.3f} |")
@@ -180,7 +277,7 @@ def copy_gbps(timer) -> float:
     return nbytes / (t.p50_us * 1e-6) / 1e9
 
 
-def measure_shape(m, n, k, dtype, d, timer, l2, gbps) -> dict:
+def measure_shape(m, n, k, dtype, d, timer, l2, gbps, rounds: int = DEFAULT_ROUNDS) -> dict:
     import torch
 
     from gemm_costmodel.benchmarks import correctness as C
@@ -206,22 +303,8 @@ def measure_shape(m, n, k, dtype, d, timer, l2, gbps) -> dict:
     row["floor_us"] = floor_us
     cfg = config_from_id(choice.candidate)
     vendor = VendorConfig()
-
-    def timed(label, cfg_, run_one, run_i):
-        status, err, detail = C.gate(cfg_, first, ref, dtype, run=run_one)
-        row[f"{label}_status"] = status
-        if status != C.STATUS_OK:
-            row[f"{label}_us"] = None
-            row[f"{label}_error"] = detail
-            return
-        tm = timer.measure(run_i, n_copies, key=label)
-        row[f"{label}_us"], row[f"{label}_p20_us"], row[f"{label}_p80_us"] = tm.p50_us, tm.p20_us, tm.p80_us
-        row[f"{label}_stable"] = tm.stable
-        row[f"{label}_floor_fraction"] = floor_us / tm.p50_us
-
-    timed("dispatched", cfg, None, lambda i: opsets[i].run(cfg))
-    timed("cublas", vendor, None, lambda i: opsets[i].run(vendor))
-    # Inductor: the same matmul, compiled for these shapes (static), called on copy i.
+    # Inductor first: its compile leaves the GPU nearly idle for seconds, so no contender may be
+    # timed right after it alone (the rounds below interleave all three).
     torch._dynamo.reset()
     if dtype == "fp8":
         def mm(x, w, sa, sb):
@@ -229,23 +312,54 @@ def measure_shape(m, n, k, dtype, d, timer, l2, gbps) -> dict:
     else:
         def mm(x, w, sa, sb):
             return x @ w.t()
+    fn = None
     try:
         fn = torch.compile(mm, mode="max-autotune-no-cudagraphs", dynamic=False)
         t0 = time.perf_counter()
-        fn(first.x, first.w, first.scale_a, first.scale_b)
-        torch.cuda.synchronize()
+
+        def first_call():
+            fn(first.x, first.w, first.scale_a, first.scale_b)
+            torch.cuda.synchronize()
+
+        _, text = capture_stderr(first_call)
         row["inductor_compile_s"] = time.perf_counter() - t0
-
-        def run_one():
-            first.out.copy_(fn(first.x, first.w, first.scale_a, first.scale_b))
-            return first.out
-
-        timed("inductor", vendor, run_one,
-              lambda i: fn(opsets[i].x, opsets[i].w, opsets[i].scale_a, opsets[i].scale_b))
+        picks = parse_autotune(text)
+        if picks:
+            row.update(inductor_choice=picks[0]["choice"], inductor_choice_description=picks[0]["description"],
+                       inductor_autotune_ms=picks[0]["ms"])
     except Exception as exc:  # noqa: BLE001 - a compile failure is a row, not the end of the run
         row["inductor_status"] = f"inductor_error: {type(exc).__name__}: {str(exc)[:300]}"
         row["inductor_us"] = None
-    del opsets, first, ref
+        fn = None
+
+    def run_inductor_one():
+        first.out.copy_(fn(first.x, first.w, first.scale_a, first.scale_b))
+        return first.out
+
+    contenders = {"dispatched": (cfg, None, lambda i: opsets[i].run(cfg)),
+                  "cublas": (vendor, None, lambda i: opsets[i].run(vendor))}
+    if fn is not None:
+        contenders["inductor"] = (vendor, run_inductor_one,
+                                  lambda i: fn(opsets[i].x, opsets[i].w, opsets[i].scale_a, opsets[i].scale_b))
+    runs = {}
+    for label, (cfg_, run_one, run_i) in contenders.items():
+        try:
+            status, err, detail = C.gate(cfg_, first, ref, dtype, run=run_one)
+        except Exception as exc:  # noqa: BLE001 - e.g. Inductor's kernel failing at run time
+            status, detail = f"run_error: {type(exc).__name__}", str(exc)[:300]
+        row[f"{label}_status"] = status
+        if status != C.STATUS_OK:
+            row[f"{label}_us"] = None
+            row[f"{label}_error"] = detail
+        else:
+            runs[label] = run_i
+    for label, t in time_rounds(runs, timer, n_copies, rounds).items():
+        row[f"{label}_us"], row[f"{label}_p20_us"], row[f"{label}_p80_us"] = t["us"], t["p20_us"], t["p80_us"]
+        row[f"{label}_stable"] = t["stable"]
+        row[f"{label}_rounds_us"] = t["rounds_us"]
+        row[f"{label}_floor_fraction"] = floor_us / t["us"]
+    row["rounds"] = rounds
+    del opsets, first, ref, fn
     torch._dynamo.reset()
     torch.cuda.empty_cache()
     return row
@@ -258,11 +372,15 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp8"])
     ap.add_argument("--limit", type=int, default=0, help="first N shapes only")
     ap.add_argument("--time-budget", type=float, default=0, help="stop between shapes after this many seconds")
+    ap.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
+                    help=f"interleaved timing rounds per shape, order rotated (default {DEFAULT_ROUNDS})")
     args = ap.parse_args(argv)
     if args.limit < 0:
         ap.error(f"--limit must be >= 0, got {args.limit}")
     if args.time_budget < 0:
         ap.error(f"--time-budget must be >= 0, got {args.time_budget}")
+    if args.rounds < 1:
+        ap.error(f"--rounds must be >= 1, got {args.rounds}")
     try:
         shapes = read_shapes(args.shapes, args.dtype) if args.shapes else default_suite(args.dtype)
     except (OSError, ValueError) as exc:
@@ -302,12 +420,13 @@ def main(argv=None) -> int:
         if args.time_budget and time.perf_counter() - t0 > args.time_budget:
             print(f"time budget reached: {len(todo)} shapes left to a resumed run", file=sys.stderr)
             break
-        row = measure_shape(*s, d, timer, l2, meta["copy_gbps"])
+        row = measure_shape(*s, d, timer, l2, meta["copy_gbps"], rounds=args.rounds)
         row.update(provenance=prov)
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(row) + "\n")
         print(json.dumps({k: row.get(k) for k in ("m", "n", "k", "dispatched", "dispatched_us", "cublas_us",
-                                                   "inductor_us", "inductor_compile_s")}), file=sys.stderr,
+                                                   "inductor_us", "inductor_choice", "inductor_compile_s")}),
+                  file=sys.stderr,
               flush=True)
     rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
     s = summarize(rows)

@@ -91,3 +91,80 @@ def test_summarize_m1_slower_and_empty():
     assert empty == {"shapes": 1, "shapes_compared": 0}
     assert "No shape" in P.summary_markdown(empty, {})
     assert math.isnan(P._gm([]))
+
+
+# The AUTOTUNE table as torch's select_algorithm writes it (best first), between other stderr lines.
+_AUTOTUNE_TEXT = """W1124 some warning
+AUTOTUNE mm(128x14336, 14336x4096)
+strides: [14336, 1], [1, 14336]
+dtypes: torch.bfloat16, torch.bfloat16
+  triton_mm_7 0.0489 ms 100.0% ACC_TYPE='tl.float32', BLOCK_K=64, BLOCK_M=64, BLOCK_N=128, num_stages=4, num_warps=4
+  mm 0.0530 ms 92.3%
+  triton_mm_3 0.0611 ms 80.0% BLOCK_K=32
+SingleProcess AUTOTUNE benchmarking takes 1.2 seconds and 3.4 seconds precompiling for 20 choices
+AUTOTUNE mm(8192x4096, 4096x28672)
+strides: [4096, 1], [1, 4096]
+dtypes: torch.bfloat16, torch.bfloat16
+  mm 2.4010 ms 100.0%
+"""
+
+
+def test_parse_autotune_takes_each_tables_first_row():
+    picks = P.parse_autotune(_AUTOTUNE_TEXT)
+    assert [p["choice"] for p in picks] == ["triton_mm_7", "mm"]
+    assert picks[0]["op"] == "mm(128x14336, 14336x4096)"
+    assert picks[0]["ms"] == pytest.approx(0.0489)
+    assert "BLOCK_M=64, BLOCK_N=128" in picks[0]["description"]
+    assert picks[1] == {"op": "mm(8192x4096, 4096x28672)", "choice": "mm", "ms": pytest.approx(2.401),
+                        "description": ""}
+    assert P.parse_autotune("no tables here\n") == []
+
+
+def test_is_extern_choice():
+    assert all(P.is_extern_choice(c) for c in ("mm", "addmm", "_scaled_mm", "bmm"))
+    assert not any(P.is_extern_choice(c) for c in ("triton_mm_7", "decompose_k_mm_4_split", "triton_tem_fused_mm_0"))
+
+
+def test_rotated_orders():
+    assert P.rotated(("a", "b", "c"), 0) == ["a", "b", "c"]
+    assert P.rotated(("a", "b", "c"), 1) == ["b", "c", "a"]
+    assert P.rotated(("a", "b", "c"), 5) == ["c", "a", "b"]
+
+
+def test_time_rounds_interleaves_and_cancels_a_drift():
+    from gemm_costmodel.benchmarks.timing import FakeTimer
+
+    # Two contenders of the same true time on a GPU that slows by 1 us per measurement (heating):
+    # timed one after the other, b would read slower; interleaved and rotated, both take the
+    # median of their rounds and tie.
+    calls = []
+
+    def latency(key):
+        calls.append(key)
+        return 100.0 + len(calls)
+
+    out = P.time_rounds({"a": lambda i: None, "b": lambda i: None}, FakeTimer(latency), 1, rounds=3)
+    assert calls == ["a", "b", "b", "a", "a", "b"]
+    assert out["a"]["rounds_us"] == [101.0, 104.0, 105.0] and out["b"]["rounds_us"] == [102.0, 103.0, 106.0]
+    assert out["a"]["us"] == 104.0 and out["b"]["us"] == 103.0
+    assert out["a"]["p20_us"] == pytest.approx(104.0 * 0.99) and out["a"]["stable"] is True
+    with pytest.raises(ValueError, match="rounds"):
+        P.time_rounds({"a": lambda i: None}, FakeTimer(), 1, rounds=0)
+
+
+def test_summary_names_inductors_pick_on_slower_shapes():
+    rows = [_row(128, 53.0, 48.9, 53.0, inductor_choice="triton_mm_7"),
+            _row(8192, 100.0, 100.0, 100.0, inductor_choice="mm")]
+    s = P.summarize(rows)
+    assert s["slower_detail"] == [{"shape": "bf16:128x4096x4096", "speedup": pytest.approx(48.9 / 53.0),
+                                   "dispatched": "x", "inductor_choice": "triton_mm_7"}]
+    assert s["inductor_picks_extern"] == 1 and s["inductor_picks_known"] == 2
+    md = P.summary_markdown(s, {"copy_gbps": 1.0})
+    assert "| bf16:128x4096x4096 | 0.923 | x | triton_mm_7 |" in md
+    assert "Inductor picked cuBLAS (extern) on 1 of 2" in md
+
+
+def test_cli_rejects_zero_rounds(capsys):
+    with pytest.raises(SystemExit):
+        P.main(["--out", "x", "--rounds", "0"])
+    assert "--rounds must be >= 1" in capsys.readouterr().err
