@@ -9,9 +9,10 @@ buffers (>= 2x L2) and the harness's correctness gate (fp32 reference) before an
   matmul, compiled fresh per shape (dynamo reset, caches off, a fresh cache folder), with its
   compile + autotune wall time.
 
-Timing order: Inductor compiles first, then the three contenders are timed in ``--rounds``
-interleaved rounds, the order rotated each round (A B C, B C A, C A B), and each contender's time
-is the median of its round medians. Timing each contender once, one after the other, let the
+Timing order: Inductor compiles first, then the three contenders are timed side by side in
+``--rounds`` rounds: within a round each has its own CUDA graph and the replays interleave (one of
+each, in turn: ``GraphTimer.measure_paired``), the order rotated each round, and each contender's
+time is the median of its round medians. Timing each contender once, one after the other, let the
 GPU's clock state drift between them: run 3 timed Inductor right after its compile (seconds with
 the GPU nearly idle) and measured it 12% faster than the same cuBLAS kernel timed seconds before
 on 8192x28672x4096, a compute-bound shape whose clocks fall as the card heats. Inductor's pick
@@ -158,15 +159,21 @@ def rotated(labels, r: int) -> list:
 
 
 def time_rounds(runs: dict, timer, n_copies: int, rounds: int) -> dict:
-    """Time each ``runs[label]`` (a function of the copy index) in ``rounds`` interleaved rounds,
-    the order rotated each round. Per label: the median of the round p50s (``us``), the median of
-    the round p20s and p80s, stable when every round was, and the round p50s themselves."""
+    """Time each ``runs[label]`` (a function of the copy index) in ``rounds`` rounds, the order
+    rotated each round; within a round the contenders' replays interleave (``measure_paired``),
+    where the timer has it. Per label: the median of the round p50s (``us``), the median of the
+    round p20s and p80s, stable when every round was, and the round p50s themselves."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     per = {label: [] for label in runs}
     for r in range(rounds):
-        for label in rotated(runs, r):
-            per[label].append(timer.measure(runs[label], n_copies, key=label))
+        order = rotated(runs, r)
+        if hasattr(timer, "measure_paired"):
+            got = timer.measure_paired({label: runs[label] for label in order}, n_copies)
+        else:
+            got = {label: timer.measure(runs[label], n_copies, key=label) for label in order}
+        for label in order:
+            per[label].append(got[label])
     out = {}
     for label, ts in per.items():
         out[label] = {"us": statistics.median(t.p50_us for t in ts),

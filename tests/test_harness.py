@@ -672,6 +672,36 @@ def test_graph_timer_keeps_the_first_capture_when_the_estimate_was_close():
     assert t.captures == [42] and got.n_inner == 42 and got.stable
 
 
+def test_graph_timer_paired_sizes_each_graph_and_retries_only_while_unstable():
+    class Paired(timing.GraphTimer):
+        def __init__(self):
+            super().__init__(target_replay_us=250.0)
+            self.captures, self.sets = {}, []
+
+        def _estimate(self, fn, n_copies):
+            return fn(0)  # the scripted launch time
+
+        def _capture(self, fn, n_inner, n_copies):
+            self.captures[fn(0)] = n_inner
+            return _FakeGraph(n_inner)
+
+        def _replays_paired(self, graphs, inner, reps):
+            self.sets.append((list(graphs), reps))
+            # "slow" is unstable in the first set only, and tighter in the second
+            spread = {"fast": 0.01, "slow": 0.2 if len(self.sets) == 1 else 0.02}
+            return {lb: timing.Timing(10 * (1 - spread[lb] / 2), 10.0, 10 * (1 + spread[lb] / 2), reps, inner[lb])
+                    for lb in graphs}
+
+    t = Paired()
+    got = t.measure_paired({"slow": lambda i: 100.0, "fast": lambda i: 5.0}, n_copies=2)
+    # 250 / 100 -> 3 launches per replay, 250 / 5 -> 50; the replay count is the larger of theirs
+    assert t.captures == {100.0: 3, 5.0: 50}
+    assert [order for order, _ in t.sets] == [["slow", "fast"], ["slow", "fast"]]
+    assert t.sets[0][1] == max(t._reps(3, 100.0), t._reps(50, 5.0))
+    assert list(got) == ["slow", "fast"] and got["slow"].stable and got["slow"].spread == pytest.approx(0.02)
+    assert got["fast"].spread == pytest.approx(0.01)
+
+
 # ----------------------------------------------------------------------------
 # Out of memory: its own status, retried once, never permanent
 # ----------------------------------------------------------------------------
