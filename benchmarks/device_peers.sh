@@ -3,13 +3,13 @@
 # process in its own session runs, with DEEP=1, the deep-pipeline exploration
 # (benchmarks/explore/deep_stages.py, resumed from RESULTS/deep_stages.jsonl), then
 # benchmarks/peers.py over the default suite (paired timing rounds), resumed from
-# RESULTS/peers.jsonl when that is committed, then measures every candidate of the dense space on
+# RESULTS/peers.jsonl when that is committed, then, with MIDM=1, measures every candidate of the dense space on
 # the suite's mid-M shapes (benchmarks/results/peers/midm_shapes.csv: M = 128 and 512 of its four
 # training-family weights; resumed from RESULTS/peers-midm*), where Inductor's Triton template
 # has beaten cuBLAS, the only kind of config the shipped model picks there. Each call watches the
 # driver for up to WAIT seconds, then copies the results and any new shard to OUT.
 #
-#   [DEEP=1] benchmarks/device_peers.sh OUT WAIT RESULTS   (RESULTS: e.g. benchmarks/results/peers/run5)
+#   [DEEP=1] [MIDM=1] benchmarks/device_peers.sh OUT WAIT RESULTS   (RESULTS: e.g. benchmarks/results/peers/run5)
 set -uo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/device_watch.sh"
 out="$1"; wait_s="$2"; results="$3"
@@ -23,8 +23,8 @@ if driver_needed "$run" "$run/done"; then
     setsid nohup bash -c '
         run='"$run"'
         if [ "'"${DEEP:-0}"'" = 1 ]; then python3 benchmarks/explore/deep_stages.py --out $run/deep >$run/deep.out 2>$run/deep.err || exit 1; fi
-        python3 -m gemm_costmodel.benchmarks.peers --out $run/peers 2>$run/peers.err &&
-        python3 -m gemm_costmodel.cli bench --out $run --quiet --dtype bf16 --shapes benchmarks/results/peers/midm_shapes.csv --mode all --name peers-midm-h100 &&
+        python3 -m gemm_costmodel.benchmarks.peers --out $run/peers 2>$run/peers.err || exit 1
+        if [ "'"${MIDM:-0}"'" = 1 ]; then python3 -m gemm_costmodel.cli bench --out $run --quiet --dtype bf16 --shapes benchmarks/results/peers/midm_shapes.csv --mode all --name peers-midm-h100 || exit 1; fi
         touch $run/done' >"$run/driver.out" 2>"$run/driver.err" &
     echo $! >"$run/pid"
 fi
