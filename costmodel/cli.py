@@ -253,7 +253,8 @@ def _train_config(args):
                        max_depth=pick("depth", "max_depth"), learning_rate=pick("eta", "learning_rate"),
                        n_jobs=args.jobs, seed=args.seed, eval_weight=pick("eval_weight", "eval_weight"),
                        shortlist_tol=pick("shortlist_tol", "shortlist_tol"),
-                       vendor_margin=pick("vendor_margin", "vendor_margin"))
+                       vendor_margin=pick("vendor_margin", "vendor_margin"),
+                       parallel_trees=pick("parallel_trees", "parallel_trees"))
 
 
 def _load_frame(args):
@@ -515,6 +516,9 @@ def _model_args(p, report: bool = False, train: bool = False) -> None:
     p.add_argument("--vendor-margin", type=float, default=None,
                    help="pick a Triton config over the vendor library only when its ranking score is better by "
                         "more than this (default: the op's, 0.5 for fp8_blockscale, else 0)")
+    p.add_argument("--parallel-trees", type=int, default=None,
+                   help="trees per boosting round, averaged (xgboost num_parallel_tree; default: the op's, "
+                        "else 1); the decision then evaluates that many times the trees")
     p.add_argument("--jobs", type=int, default=2, help="xgboost threads")
     p.add_argument("--seed", type=int, default=0)
     if report:

@@ -227,3 +227,24 @@ def test_write_cascade_options(exported, tmp_path):
     assert "cascade" not in json.load(open(j))
     with pytest.raises(ValueError, match="keep must be >= 1"):
         X.write_cascade(o, j, keep=0)
+
+
+def test_parallel_trees_export_matches_the_booster_and_splits(fp8, tmp_path):
+    """parallel_trees=3: 3 trees per round, their mean in the booster; the ONNX model holds all
+    of them and equals the booster's margin, and the cascade's parts still sum to it."""
+    cfg = SMALL.with_(formulation="rank", n_estimators=8, parallel_trees=3, subsample=0.7)
+    model = CostModel(cfg).fit(fp8)
+    assert len(model.booster_.get_dump()) == 24
+    onnx_path, man_path = pipeline.export_model(model, fp8, str(tmp_path), arch="sm90", metrics={},
+                                                log=lambda msg: None)
+    man = json.load(open(man_path, encoding="utf-8"))
+    assert man["hyperparameters"]["parallel_trees"] == 3
+    rows = random_rows(seed=5, shapes=10)
+    want = model.booster_.predict(xgb.DMatrix(rows), output_margin=True)
+    whole = onnx_out(session(onnx_path), rows)
+    np.testing.assert_allclose(whole, want, rtol=TOL, atol=TOL)
+    cas = man["cascade"]
+    assert cas["trees"] == 24
+    d = os.path.dirname(onnx_path)
+    parts = [onnx_out(session(os.path.join(d, cas[p]["file"])), rows) for p in ("prefix", "suffix")]
+    np.testing.assert_allclose(parts[0] + parts[1], whole, rtol=0, atol=1e-5)

@@ -226,3 +226,23 @@ def test_no_trainable_rows_raises(fp8):
     df = fp8.assign(status="crash")
     with pytest.raises(ValueError, match="no trainable rows"):
         CostModel(SMALL).fit(df)
+
+
+def test_train_config_parallel_trees():
+    assert "num_parallel_tree" not in SMALL.xgb_params()
+    assert SMALL.with_(parallel_trees=3).xgb_params()["num_parallel_tree"] == 3
+    for bad in (0, -1, 1.5, True, "3"):
+        with pytest.raises(ValueError, match="parallel_trees must be an int >= 1"):
+            SMALL.with_(parallel_trees=bad)
+
+
+def test_parallel_trees_average_rather_than_add(fp8):
+    """3 trees per round are averaged: 3x the trees, margins on the same scale as one tree per
+    round (not 3x larger), and a different model from seed to seed no more than one tree per round."""
+    one = CostModel(SMALL.with_(n_estimators=10)).fit(fp8)
+    three = CostModel(SMALL.with_(n_estimators=10, parallel_trees=3)).fit(fp8)
+    assert len(one.booster_.get_dump()) == 10 and len(three.booster_.get_dump()) == 30
+    X_ = F.from_frame(fp8.head(500), hardware.spec_for)
+    a, b = one.score(X_), three.score(X_)
+    assert np.corrcoef(a, b)[0, 1] > 0.95
+    assert 0.8 < np.std(b) / np.std(a) < 1.25

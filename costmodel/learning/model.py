@@ -48,6 +48,10 @@ class TrainConfig:
     max_bin: int = 256
     n_jobs: int = 2
     seed: int = 0
+    # Trees grown per boosting round, each on its own row and column subsample, their mean taken
+    # (xgboost's num_parallel_tree): an average of differently sampled trees, so the model moves
+    # less from one seed to another; it costs that many times the trees at decision time.
+    parallel_trees: int = 1
     stable_only: bool = True
     # Candidates scored at runtime: per M bucket, those within this factor of a training
     # shape's best (plus cuBLAS). Keeps the cold decision cheap; 0 disables the shortlist.
@@ -67,6 +71,8 @@ class TrainConfig:
             raise ValueError(f"formulation must be one of {FORMULATIONS}, got {self.formulation!r}")
         if self.n_estimators < 1 or self.max_depth < 1:
             raise ValueError("n_estimators and max_depth must be >= 1")
+        if isinstance(self.parallel_trees, bool) or not isinstance(self.parallel_trees, int) or self.parallel_trees < 1:
+            raise ValueError(f"parallel_trees must be an int >= 1, got {self.parallel_trees!r}")
         if not self.eval_weight > 0:
             raise ValueError(f"eval_weight must be > 0, got {self.eval_weight!r}")
         if not 0 <= self.vendor_margin < float("inf"):
@@ -83,6 +89,8 @@ class TrainConfig:
              "colsample_bytree": self.colsample_bytree, "min_child_weight": self.min_child_weight,
              "lambda": self.reg_lambda, "max_bin": self.max_bin, "nthread": self.n_jobs, "seed": self.seed,
              "tree_method": "hist"}
+        if self.parallel_trees > 1:
+            p["num_parallel_tree"] = self.parallel_trees
         if self.formulation == "rank":
             p.update(objective="rank:pairwise", lambdarank_pair_method="topk", lambdarank_num_pair_per_sample=8)
         else:
