@@ -11,8 +11,8 @@ buffers (>= 2x L2) and the harness's correctness gate (fp32 reference) before an
 
 Timing order: Inductor compiles first, then the three contenders are timed side by side in
 ``--rounds`` rounds: within a round each has its own CUDA graph and the replays interleave (one of
-each, in turn: ``GraphTimer.measure_paired``), the order rotated each round, and each contender's
-time is the median of its round medians. Timing each contender once, one after the other, let the
+each, in turn: ``GraphTimer.measure_paired``), the order rotated each round, and every
+contender's time comes from the same round, the median one. Timing each contender once, one after the other, let the
 GPU's clock state drift between them: run 3 timed Inductor right after its compile (seconds with
 the GPU nearly idle) and measured it 12% faster than the same cuBLAS kernel timed seconds before
 on 8192x28672x4096, a compute-bound shape whose clocks fall as the card heats. Inductor's pick
@@ -161,8 +161,12 @@ def rotated(labels, r: int) -> list:
 def time_rounds(runs: dict, timer, n_copies: int, rounds: int) -> dict:
     """Time each ``runs[label]`` (a function of the copy index) in ``rounds`` rounds, the order
     rotated each round; within a round the contenders' replays interleave (``measure_paired``),
-    where the timer has it. Per label: the median of the round p50s (``us``), the median of the
-    round p20s and p80s, stable when every round was, and the round p50s themselves."""
+    where the timer has it. Every contender's reported time comes from the same round, the median
+    one (by the geometric mean of the round's p50s; the lower middle of an even count): a median
+    taken per contender could pair one's round 2 with another's round 3, and the card's clocks
+    move between rounds (peer run 7: two cuBLAS calls of 2048x6144x4096 read 4.7% apart that
+    way). Per label: that round's p50 (``us``), p20 and p80, stable when every round was, and
+    every round's p50."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     per = {label: [] for label in runs}
@@ -174,12 +178,15 @@ def time_rounds(runs: dict, timer, n_copies: int, rounds: int) -> dict:
             got = {label: timer.measure(runs[label], n_copies, key=label) for label in order}
         for label in order:
             per[label].append(got[label])
+    if not per:
+        return {}
+    level = [math.fsum(math.log(ts[r].p50_us) for ts in per.values()) for r in range(rounds)]
+    pick = sorted(range(rounds), key=lambda r: (level[r], r))[(rounds - 1) // 2]
     out = {}
     for label, ts in per.items():
-        out[label] = {"us": statistics.median(t.p50_us for t in ts),
-                      "p20_us": statistics.median(t.p20_us for t in ts),
-                      "p80_us": statistics.median(t.p80_us for t in ts),
-                      "stable": all(t.stable for t in ts), "rounds_us": [t.p50_us for t in ts]}
+        t = ts[pick]
+        out[label] = {"us": t.p50_us, "p20_us": t.p20_us, "p80_us": t.p80_us, "round": pick,
+                      "stable": all(x.stable for x in ts), "rounds_us": [x.p50_us for x in ts]}
     return out
 
 

@@ -156,8 +156,8 @@ class GraphTimer:
         every replay set interleaves the contenders, in the given order (an untimed replay, then
         a timed one, of each), so all of them run at the same clock and temperature. Timed one after the other, a compute-bound kernel of
         milliseconds read up to 12% apart from the same cuBLAS call seconds earlier or later, as
-        the card heated (peer benchmark, issue 18). A contender whose set is unstable is
-        measured once more with the others and its tighter set kept."""
+        the card heated (peer benchmark, issue 18). If any contender's set is unstable, all are
+        measured once more and the set whose worst spread is least is kept, whole."""
         labels = list(fns)
         graphs, inner, reps = {}, {}, 0
         try:
@@ -167,12 +167,13 @@ class GraphTimer:
                 graphs[label] = self._capture(fns[label], inner[label], n_copies)
                 graphs[label].replay()
                 reps = max(reps, self._reps(inner[label], est))
-            best: dict = {}
+            best: dict | None = None
             for _ in range(self.attempts):
                 got = self._replays_paired(graphs, inner, reps)
-                for label, t in got.items():
-                    if label not in best or t.spread < best[label].spread:
-                        best[label] = t
+                # A set is kept whole (the one whose worst spread is least): mixing one
+                # contender's first set with another's second compares two clock states again.
+                if best is None or max(t.spread for t in got.values()) < max(t.spread for t in best.values()):
+                    best = got
                 if all(t.stable for t in best.values()):
                     break
             self.stats["measurements"] += len(labels)

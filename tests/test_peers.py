@@ -135,8 +135,8 @@ def test_time_rounds_interleaves_and_cancels_a_drift():
     from gemm_costmodel.benchmarks.timing import FakeTimer
 
     # Two contenders of the same true time on a GPU that slows by 1 us per measurement (heating):
-    # timed one after the other, b would read slower; interleaved and rotated, both take the
-    # median of their rounds and tie.
+    # timed one after the other, b would read slower; rotated, both report the median round
+    # (round 1: a 104, b 103), one apart instead of growing apart.
     calls = []
 
     def latency(key):
@@ -147,6 +147,7 @@ def test_time_rounds_interleaves_and_cancels_a_drift():
     assert calls == ["a", "b", "b", "a", "a", "b"]
     assert out["a"]["rounds_us"] == [101.0, 104.0, 105.0] and out["b"]["rounds_us"] == [102.0, 103.0, 106.0]
     assert out["a"]["us"] == 104.0 and out["b"]["us"] == 103.0
+    assert out["a"]["round"] == out["b"]["round"] == 1
     assert out["a"]["p20_us"] == pytest.approx(104.0 * 0.99) and out["a"]["stable"] is True
     with pytest.raises(ValueError, match="rounds"):
         P.time_rounds({"a": lambda i: None}, FakeTimer(), 1, rounds=0)
@@ -168,3 +169,28 @@ def test_cli_rejects_zero_rounds(capsys):
     with pytest.raises(SystemExit):
         P.main(["--out", "x", "--rounds", "0"])
     assert "--rounds must be >= 1" in capsys.readouterr().err
+
+
+def test_time_rounds_reports_one_round_for_every_contender():
+    """Both contenders' times come from one round, the median by level (the geometric mean of the
+    round's times), never a pair of rounds chosen per contender."""
+    from gemm_costmodel.benchmarks.timing import Timing
+
+    class Scripted:
+        def __init__(self, table):
+            self.table, self.r = table, 0
+
+        def measure_paired(self, fns, n_copies):
+            row = self.table[self.r]
+            self.r += 1
+            return {lb: Timing(v, v, v, 3, 1) for lb, v in row.items()}
+
+    table = [{"a": 100.0, "b": 100.0}, {"a": 110.0, "b": 130.0}, {"a": 125.0, "b": 112.0}]
+    out = P.time_rounds({"a": None, "b": None}, Scripted(table), 1, rounds=3)
+    # levels: 100*100, 110*130 = 14300, 125*112 = 14000 -> sorted rounds 0, 2, 1; median round 2
+    assert out["a"]["round"] == out["b"]["round"] == 2
+    assert (out["a"]["us"], out["b"]["us"]) == (125.0, 112.0)
+    # Per-label medians would have said a 110 (round 1) and b 112 (round 2): a pair never timed together.
+    assert out["a"]["rounds_us"] == [100.0, 110.0, 125.0] and out["b"]["rounds_us"] == [100.0, 130.0, 112.0]
+    two = P.time_rounds({"a": None}, Scripted([{"a": 9.0}, {"a": 7.0}]), 1, rounds=2)
+    assert two["a"]["us"] == 7.0 and two["a"]["round"] == 1  # even count: the lower middle
