@@ -9,6 +9,10 @@ variant here, timed side by side (GraphTimer.measure_paired) with ours and Induc
   (BLOCK_K, BLOCK_N) tile (``tl.dot(a, b)`` rather than ``tl.dot(a, tl.trans(b))``);
 - ``static``: ``hint`` with M, N, K and the strides as compile-time constants (Inductor compiles
   for static shapes);
+- ``staticnk``: ``static`` with M a runtime argument again (a serving engine knows N, K and the
+  strides of every weight ahead of time, not M);
+- ``oursnk``: our kernel's body with N, K and the strides constant, M runtime and never
+  specialised;
 - ours: the committed ``gemm_tiled_kernel`` (rows clamped with ``tl.where``, pointers advanced by
   BLOCK_K, M a runtime argument never specialised).
 
@@ -29,7 +33,7 @@ import triton.language as tl
 
 from gemm_costmodel.benchmarks import correctness as C
 from gemm_costmodel.benchmarks import peers, timing
-from gemm_costmodel.kernels.common import _grouped_tile
+from gemm_costmodel.kernels.common import _grouped_tile, _mainloop
 from gemm_costmodel.kernels.gemm_configs import Problem, TiledConfig
 
 # (M, N, K) and the configs (block_m, block_n, block_k, warps, stages): Inductor's picks there.
@@ -71,6 +75,29 @@ def tiled_static_kernel(x_ptr, w_ptr, y_ptr, M: tl.constexpr, N: tl.constexpr, K
     _hint_body(x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
 
 
+@triton.jit
+def tiled_static_nk_kernel(x_ptr, w_ptr, y_ptr, M, N: tl.constexpr, K: tl.constexpr,
+                           stride_xm: tl.constexpr, stride_wn: tl.constexpr, stride_ym: tl.constexpr,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                           GROUP_M: tl.constexpr):
+    _hint_body(x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+
+
+@triton.jit(do_not_specialize=["M"])
+def ours_static_nk_kernel(x_ptr, w_ptr, y_ptr, M, N: tl.constexpr, K: tl.constexpr,
+                          stride_xm: tl.constexpr, stride_wn: tl.constexpr, stride_ym: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          GROUP_M: tl.constexpr):
+    # Our committed kernel's body (clamped rows, advanced pointers) with N, K and the strides fixed.
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = _mainloop(x_ptr, w_ptr, offs_m, offs_n, M, N, K, 0, tl.cdiv(K, BLOCK_K), stride_xm, stride_wn,
+                    BLOCK_M, BLOCK_N, BLOCK_K, True)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
 def launcher(kernel, cfg):
     bm, bn, bk, w, s = cfg
 
@@ -106,7 +133,8 @@ def main():
             tag = "m{}n{}k{}_w{}s{}".format(*cfg)
             ours = TiledConfig(cfg[0], cfg[1], cfg[2], 8, cfg[3], cfg[4])
             runs[f"ours_{tag}"] = (lambda o=ours: first.run(o), lambda i, o=ours: ops[i].run(o))
-            for name, kern in (("hint", tiled_hint_kernel), ("static", tiled_static_kernel)):
+            for name, kern in (("hint", tiled_hint_kernel), ("static", tiled_static_kernel),
+                               ("staticnk", tiled_static_nk_kernel), ("oursnk", ours_static_nk_kernel)):
                 go = launcher(kern, cfg)
                 runs[f"{name}_{tag}"] = (lambda go=go: go(first), lambda i, go=go: go(ops[i]))
         ok = {}
