@@ -16,7 +16,7 @@ variant here, timed side by side (GraphTimer.measure_paired) with ours and Induc
 - ours: the committed ``gemm_tiled_kernel`` (rows clamped with ``tl.where``, pointers advanced by
   BLOCK_K, M a runtime argument never specialised).
 
-    python benchmarks/explore/tiled_hints.py --out DIR
+    python benchmarks/explore/tiled_hints.py --out DIR [--prefill]
 """
 from __future__ import annotations
 
@@ -40,6 +40,10 @@ from gemm_costmodel.kernels.gemm_configs import Problem, TiledConfig
 PLAN = [((512, 2048, 4096), [(64, 128, 128, 4, 4)]), ((128, 4096, 14336), [(64, 64, 128, 4, 5), (64, 64, 128, 4, 4)]),
         ((128, 2048, 4096), [(64, 64, 128, 4, 5)]), ((2048, 2048, 4096), [(128, 128, 64, 4, 3)]),
         ((256, 6144, 4096), [(64, 128, 128, 4, 4)]), ((512, 5120, 5120), [(128, 128, 64, 4, 3)])]
+# --prefill: large-M shapes against cuBLAS, where the space's Triton configs lost to it
+PREFILL = [((4096, 4096, 4096), [(128, 256, 64, 8, 3), (128, 128, 64, 4, 3)]),
+           ((8192, 28672, 4096), [(128, 256, 64, 8, 3)]), ((16384, 4096, 14336), [(128, 256, 64, 8, 3)]),
+           ((2048, 6144, 4096), [(128, 256, 64, 8, 3), (128, 128, 64, 4, 3)])]
 
 
 @triton.jit
@@ -114,12 +118,14 @@ def launcher(kernel, cfg):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--prefill", action="store_true", help="the large-M shapes, cuBLAS timed beside")
     args = ap.parse_args()
+    plan = PREFILL if args.prefill else PLAN
     os.makedirs(args.out, exist_ok=True)
     peers._inductor_setup(tempfile.mkdtemp(prefix="costmodel-tiled-hints-"))
     timer = timing.GraphTimer()
     rows = []
-    for (m, n, k), cfgs in PLAN:
+    for (m, n, k), cfgs in plan:
         p = Problem(m, n, k, "bf16")
         ops, ref = C.operand_sets(p, 11, 50 << 20)
         first = ops[0]
@@ -129,6 +135,9 @@ def main():
         _, text = peers.capture_stderr(lambda: (fn(first.x, first.w), torch.cuda.synchronize()))
         pick = (peers.parse_autotune(text) or [{}])[0]
         runs = {"inductor": (lambda: first.out.copy_(fn(first.x, first.w)), lambda i: fn(ops[i].x, ops[i].w))}
+        if args.prefill:
+            from gemm_costmodel.kernels.gemm_configs import VendorConfig
+            runs["cublas"] = (lambda: first.run(VendorConfig()), lambda i: ops[i].run(VendorConfig()))
         for cfg in cfgs:
             tag = "m{}n{}k{}_w{}s{}".format(*cfg)
             ours = TiledConfig(cfg[0], cfg[1], cfg[2], 8, cfg[3], cfg[4])
@@ -157,7 +166,8 @@ def main():
         del ops, first, ref, fn
         torch._dynamo.reset()
         torch.cuda.empty_cache()
-    with open(os.path.join(args.out, "tiled_hints.jsonl"), "w", encoding="utf-8") as fh:
+    with open(os.path.join(args.out, "tiled_hints_prefill.jsonl" if args.prefill else "tiled_hints.jsonl"), "w",
+              encoding="utf-8") as fh:
         for r in rows:
             fh.write(json.dumps(r) + "\n")
     bad = [r for r in rows if r["status"] != "ok"]
