@@ -16,7 +16,7 @@ variant here, timed side by side (GraphTimer.measure_paired) with ours and Induc
 - ours: the committed ``gemm_tiled_kernel`` (rows clamped with ``tl.where``, pointers advanced by
   BLOCK_K, M a runtime argument never specialised).
 
-    python benchmarks/explore/tiled_hints.py --out DIR [--prefill]
+    python benchmarks/explore/tiled_hints.py --out DIR [--prefill | --persistent]
 """
 from __future__ import annotations
 
@@ -40,6 +40,11 @@ from gemm_costmodel.kernels.gemm_configs import Problem, TiledConfig
 PLAN = [((512, 2048, 4096), [(64, 128, 128, 4, 4)]), ((128, 4096, 14336), [(64, 64, 128, 4, 5), (64, 64, 128, 4, 4)]),
         ((128, 2048, 4096), [(64, 64, 128, 4, 5)]), ((2048, 2048, 4096), [(128, 128, 64, 4, 3)]),
         ((256, 6144, 4096), [(64, 128, 128, 4, 4)]), ((512, 5120, 5120), [(128, 128, 64, 4, 3)])]
+# --persistent: the persistent (TMA) kernel, the space's best at M >= 2048, and the same with N, K constant
+PERSISTENT = [((4096, 4096, 4096), [(128, 256, 64, 8, 3), (128, 128, 64, 4, 4)]),
+              ((8192, 28672, 4096), [(128, 256, 64, 8, 3)]), ((16384, 4096, 14336), [(128, 256, 64, 8, 3)]),
+              ((2048, 6144, 4096), [(128, 256, 64, 8, 3)]), ((512, 2048, 4096), [(64, 128, 128, 4, 4)]),
+              ((512, 5120, 5120), [(128, 128, 64, 4, 4)])]
 # --prefill: large-M shapes against cuBLAS, where the space's Triton configs lost to it
 PREFILL = [((4096, 4096, 4096), [(128, 256, 64, 8, 3), (128, 128, 64, 4, 3)]),
            ((8192, 28672, 4096), [(128, 256, 64, 8, 3)]), ((16384, 4096, 14336), [(128, 256, 64, 8, 3)]),
@@ -102,6 +107,46 @@ def ours_static_nk_kernel(x_ptr, w_ptr, y_ptr, M, N: tl.constexpr, K: tl.constex
     tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit(do_not_specialize=["M", "NUM_PROGRAMS"])
+def persistent_nk_kernel(x_desc, w_desc, y_desc, M, N: tl.constexpr, K: tl.constexpr, NUM_PROGRAMS,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         GROUP_M: tl.constexpr):
+    # The committed gemm_persistent_kernel (flattened tile loop, no scale, one epilogue store)
+    # with N and K compile-time constants.
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, NUM_PROGRAMS, flatten=True):
+        pid_m, pid_n = _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(k_tiles):
+            a = x_desc.load([off_m, kt * BLOCK_K])
+            b = w_desc.load([off_n, kt * BLOCK_K])
+            acc = tl.dot(a, b.T, acc)
+        y_desc.store([off_m, off_n], acc.to(y_desc.dtype))
+
+
+def persistent_nk_launcher(cfg):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from gemm_costmodel.kernels.common import num_sms
+
+    bm, bn, bk, w, s = cfg
+
+    def run(ops):
+        M, K = ops.x.shape
+        N = ops.w.shape[0]
+        programs = min(num_sms(ops.x.device.index or 0), triton.cdiv(M, bm) * triton.cdiv(N, bn))
+        persistent_nk_kernel[(programs,)](
+            TensorDescriptor.from_tensor(ops.x, [bm, bk]), TensorDescriptor.from_tensor(ops.w, [bn, bk]),
+            TensorDescriptor.from_tensor(ops.out, [bm, bn]), M, N, K, programs,
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=w, num_stages=s)
+        return ops.out
+    return run
+
+
 def launcher(kernel, cfg):
     bm, bn, bk, w, s = cfg
 
@@ -119,8 +164,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--prefill", action="store_true", help="the large-M shapes, cuBLAS timed beside")
+    ap.add_argument("--persistent", action="store_true", help="the persistent kernel with and without N, K constant")
     args = ap.parse_args()
-    plan = PREFILL if args.prefill else PLAN
+    plan = PERSISTENT if args.persistent else PREFILL if args.prefill else PLAN
+    args.prefill = args.prefill or args.persistent
     os.makedirs(args.out, exist_ok=True)
     peers._inductor_setup(tempfile.mkdtemp(prefix="costmodel-tiled-hints-"))
     timer = timing.GraphTimer()
@@ -140,6 +187,13 @@ def main():
             runs["cublas"] = (lambda: first.run(VendorConfig()), lambda i: ops[i].run(VendorConfig()))
         for cfg in cfgs:
             tag = "m{}n{}k{}_w{}s{}".format(*cfg)
+            if args.persistent:
+                from gemm_costmodel.kernels.gemm_configs import PersistentConfig
+                pc = PersistentConfig(cfg[0], cfg[1], cfg[2], 8, cfg[3], cfg[4])
+                go = persistent_nk_launcher(cfg)
+                runs[f"pers_{tag}"] = (lambda o=pc: first.run(o), lambda i, o=pc: ops[i].run(o))
+                runs[f"persnk_{tag}"] = (lambda go=go: go(first), lambda i, go=go: go(ops[i]))
+                continue
             ours = TiledConfig(cfg[0], cfg[1], cfg[2], 8, cfg[3], cfg[4])
             runs[f"ours_{tag}"] = (lambda o=ours: first.run(o), lambda i, o=ours: ops[i].run(o))
             for name, kern in (("hint", tiled_hint_kernel), ("static", tiled_static_kernel),
@@ -166,8 +220,8 @@ def main():
         del ops, first, ref, fn
         torch._dynamo.reset()
         torch.cuda.empty_cache()
-    with open(os.path.join(args.out, "tiled_hints_prefill.jsonl" if args.prefill else "tiled_hints.jsonl"), "w",
-              encoding="utf-8") as fh:
+    name = "persistent" if args.persistent else "tiled_hints_prefill" if args.prefill else "tiled_hints"
+    with open(os.path.join(args.out, f"{name}.jsonl"), "w", encoding="utf-8") as fh:
         for r in rows:
             fh.write(json.dumps(r) + "\n")
     bad = [r for r in rows if r["status"] != "ok"]
