@@ -21,6 +21,8 @@ variant here, timed side by side (GraphTimer.measure_paired) with ours and Induc
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import inspect
 import json
 import os
 import sys
@@ -33,7 +35,8 @@ import triton.language as tl
 
 from gemm_costmodel.benchmarks import correctness as C
 from gemm_costmodel.benchmarks import peers, timing
-from gemm_costmodel.kernels.common import _grouped_tile, _mainloop
+from gemm_costmodel.kernels import gemm
+from gemm_costmodel.kernels.common import _grouped_tile
 from gemm_costmodel.kernels.gemm_configs import Problem, TiledConfig
 
 # (M, N, K) and the configs (block_m, block_n, block_k, warps, stages): Inductor's picks there.
@@ -92,58 +95,59 @@ def tiled_static_nk_kernel(x_ptr, w_ptr, y_ptr, M, N: tl.constexpr, K: tl.conste
     _hint_body(x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
 
 
-@triton.jit(do_not_specialize=["M"])
-def ours_static_nk_kernel(x_ptr, w_ptr, y_ptr, M, N: tl.constexpr, K: tl.constexpr,
-                          stride_xm: tl.constexpr, stride_wn: tl.constexpr, stride_ym: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          GROUP_M: tl.constexpr):
-    # Our committed kernel's body (clamped rows, advanced pointers) with N, K and the strides fixed.
-    pid_m, pid_n = _grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = _mainloop(x_ptr, w_ptr, offs_m, offs_n, M, N, K, 0, tl.cdiv(K, BLOCK_K), stride_xm, stride_wn,
-                    BLOCK_M, BLOCK_N, BLOCK_K, True)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
+def constexpr_copy(jit_fn, runtime: str, const: str):
+    """The committed kernel ``jit_fn`` with one change, its signature's ``runtime`` arguments
+    annotated as ``const`` (tl.constexpr), written to a temporary module and compiled from there.
+    (The committed runs 1-2 and persistent run 1 used hand copies of the two kernels, equal to
+    them but for dropping the unused scale and K-tail branches.)"""
+    src = inspect.getsource(jit_fn.fn)
+    if runtime not in src:
+        raise SystemExit(f"{jit_fn.fn.__name__}'s signature changed; update the argument list")
+    head = ("import triton\nimport triton.language as tl\n"
+            "from gemm_costmodel.kernels.common import _grouped_tile, _mainloop\n\n")
+    path = os.path.join(tempfile.mkdtemp(prefix="costmodel-tiled-hints-"), "spec_kernel.py")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(head + src.replace(runtime, const))
+    spec = importlib.util.spec_from_file_location("spec_kernel", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return getattr(mod, jit_fn.fn.__name__)
 
 
-@triton.jit(do_not_specialize=["M", "NUM_PROGRAMS"])
-def persistent_nk_kernel(x_desc, w_desc, y_desc, M, N: tl.constexpr, K: tl.constexpr, NUM_PROGRAMS,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         GROUP_M: tl.constexpr):
-    # The committed gemm_persistent_kernel (flattened tile loop, no scale, one epilogue store)
-    # with N and K compile-time constants.
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, NUM_PROGRAMS, flatten=True):
-        pid_m, pid_n = _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-        off_m = pid_m * BLOCK_M
-        off_n = pid_n * BLOCK_N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kt in range(k_tiles):
-            a = x_desc.load([off_m, kt * BLOCK_K])
-            b = w_desc.load([off_n, kt * BLOCK_K])
-            acc = tl.dot(a, b.T, acc)
-        y_desc.store([off_m, off_n], acc.to(y_desc.dtype))
-
-
-def persistent_nk_launcher(cfg):
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    from gemm_costmodel.kernels.common import num_sms
-
+def ours_nk_launcher(cfg):
+    """Our tiled kernel, N, K and the strides constant (M stays a runtime argument)."""
+    kern = constexpr_copy(gemm.gemm_tiled_kernel, "M, N, K, stride_xm, stride_wn, stride_ym,",
+                          "M, N: tl.constexpr, K: tl.constexpr, stride_xm: tl.constexpr, "
+                          "stride_wn: tl.constexpr, stride_ym: tl.constexpr,")
     bm, bn, bk, w, s = cfg
 
     def run(ops):
-        M, K = ops.x.shape
-        N = ops.w.shape[0]
-        programs = min(num_sms(ops.x.device.index or 0), triton.cdiv(M, bm) * triton.cdiv(N, bn))
-        persistent_nk_kernel[(programs,)](
+        M, N, K, out, has_scale, sa, sb = gemm.launch_args(ops.x, ops.w, ops.out, None, None)
+        grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+        kern[grid](ops.x, ops.w, out, sa, sb, M, N, K, ops.x.stride(0), ops.w.stride(0), out.stride(0),
+                   HAS_SCALE=has_scale, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, EVEN_K=K % bk == 0,
+                   num_warps=w, num_stages=s)
+        return out
+    return run
+
+
+def persistent_nk_launcher(cfg):
+    """Our persistent (TMA) kernel, N and K constant, launched as gemm.launch_persistent does."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    kern = constexpr_copy(gemm.gemm_persistent_kernel, "M, N, K, NUM_PROGRAMS,",
+                          "M, N: tl.constexpr, K: tl.constexpr, NUM_PROGRAMS,")
+    bm, bn, bk, w, s = cfg
+
+    def run(ops):
+        M, N, K, out, has_scale, sa, sb = gemm.launch_args(ops.x, ops.w, ops.out, None, None)
+        programs = min(gemm.num_sms(ops.x.device.index or 0), triton.cdiv(M, bm) * triton.cdiv(N, bn))
+        kern[(programs,)](
             TensorDescriptor.from_tensor(ops.x, [bm, bk]), TensorDescriptor.from_tensor(ops.w, [bn, bk]),
-            TensorDescriptor.from_tensor(ops.out, [bm, bn]), M, N, K, programs,
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=w, num_stages=s)
-        return ops.out
+            TensorDescriptor.from_tensor(out, [bm, bn]), sa, sb, M, N, K, programs, HAS_SCALE=has_scale,
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, FLATTEN=gemm.PERSISTENT_FLATTEN,
+            num_warps=w, num_stages=s)
+        return out
     return run
 
 
@@ -196,9 +200,8 @@ def main():
                 continue
             ours = TiledConfig(cfg[0], cfg[1], cfg[2], 8, cfg[3], cfg[4])
             runs[f"ours_{tag}"] = (lambda o=ours: first.run(o), lambda i, o=ours: ops[i].run(o))
-            for name, kern in (("hint", tiled_hint_kernel), ("static", tiled_static_kernel),
-                               ("staticnk", tiled_static_nk_kernel), ("oursnk", ours_static_nk_kernel)):
-                go = launcher(kern, cfg)
+            for name, go in (("hint", launcher(tiled_hint_kernel, cfg)), ("static", launcher(tiled_static_kernel, cfg)),
+                             ("staticnk", launcher(tiled_static_nk_kernel, cfg)), ("oursnk", ours_nk_launcher(cfg))):
                 runs[f"{name}_{tag}"] = (lambda go=go: go(first), lambda i, go=go: go(ops[i]))
         ok = {}
         for label, (one, each) in runs.items():
