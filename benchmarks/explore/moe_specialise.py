@@ -4,7 +4,7 @@ with the same config)? vLLM's fused_moe kernel takes N and K at run time too, an
 knows every expert weight's shape before the first request.
 
 A copy of ``moe_gemm_kernel`` whose only change is ``N, K`` and the four strides annotated
-``tl.constexpr`` is written to a temporary module; per stage shape, the committed stage launch is
+``tl.constexpr`` (benchmarks/kernel_variants.py); per stage shape, the committed stage launch is
 timed against the same launch with the copy bound in its place (both CUDA graphs replayed side by
 side, GraphTimer.measure_paired via peers.time_rounds), both gated against the fp32 reference.
 
@@ -13,17 +13,15 @@ side, GraphTimer.measure_paired via peers.time_rounds), both gated against the f
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import inspect
 import json
 import os
 import sys
-import tempfile
 
 import torch
 
 from gemm_costmodel.benchmarks import correctness as C
 from gemm_costmodel.benchmarks import peers, timing
+from gemm_costmodel.benchmarks.kernel_variants import constexpr_copy
 from gemm_costmodel.kernels.moe import impl
 from gemm_costmodel.kernels.moe.space import Problem, config_from_id
 
@@ -39,19 +37,9 @@ CONFIGS = ["moe_m128n256k64_g16_w8s4", "moe_m64n128k128_g1_w4s4", "moe_m128n128k
 
 
 def specialised_kernel():
-    src = inspect.getsource(impl.moe_gemm_kernel.fn)
-    if RUNTIME_ARGS not in src:
-        raise SystemExit("moe_gemm_kernel's signature changed; update RUNTIME_ARGS")
-    head = ("import triton\nimport triton.language as tl\n"
-            "from gemm_costmodel.kernels.common import _grouped_tile\n"
-            "from gemm_costmodel.kernels.moe.impl import _k_step, _pair_block\n\n")
-    path = os.path.join(tempfile.mkdtemp(prefix="costmodel-moe-spec-"), "moe_spec_kernel.py")
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(head + src.replace(RUNTIME_ARGS, CONST_ARGS))
-    spec = importlib.util.spec_from_file_location("moe_spec_kernel", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.moe_gemm_kernel
+    return constexpr_copy(impl.moe_gemm_kernel, RUNTIME_ARGS, CONST_ARGS,
+                          "from gemm_costmodel.kernels.common import _grouped_tile\n"
+                          "from gemm_costmodel.kernels.moe.impl import _k_step, _pair_block")
 
 
 def main():

@@ -21,8 +21,6 @@ variant here, timed side by side (GraphTimer.measure_paired) with ours and Induc
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import inspect
 import json
 import os
 import sys
@@ -35,10 +33,12 @@ import triton.language as tl
 
 from gemm_costmodel.benchmarks import correctness as C
 from gemm_costmodel.benchmarks import peers, timing
+from gemm_costmodel.benchmarks.kernel_variants import constexpr_copy
 from gemm_costmodel.kernels import gemm
 from gemm_costmodel.kernels.common import _grouped_tile
 from gemm_costmodel.kernels.gemm_configs import Problem, TiledConfig
 
+IMPORTS = "from gemm_costmodel.kernels.common import _grouped_tile, _mainloop"
 # (M, N, K) and the configs (block_m, block_n, block_k, warps, stages): Inductor's picks there.
 PLAN = [((512, 2048, 4096), [(64, 128, 128, 4, 4)]), ((128, 4096, 14336), [(64, 64, 128, 4, 5), (64, 64, 128, 4, 4)]),
         ((128, 2048, 4096), [(64, 64, 128, 4, 5)]), ((2048, 2048, 4096), [(128, 128, 64, 4, 3)]),
@@ -95,30 +95,13 @@ def tiled_static_nk_kernel(x_ptr, w_ptr, y_ptr, M, N: tl.constexpr, K: tl.conste
     _hint_body(x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
 
 
-def constexpr_copy(jit_fn, runtime: str, const: str):
-    """The committed kernel ``jit_fn`` with one change, its signature's ``runtime`` arguments
-    annotated as ``const`` (tl.constexpr), written to a temporary module and compiled from there.
-    (The committed runs 1-2 and persistent run 1 used hand copies of the two kernels, equal to
-    them but for dropping the unused scale and K-tail branches.)"""
-    src = inspect.getsource(jit_fn.fn)
-    if runtime not in src:
-        raise SystemExit(f"{jit_fn.fn.__name__}'s signature changed; update the argument list")
-    head = ("import triton\nimport triton.language as tl\n"
-            "from gemm_costmodel.kernels.common import _grouped_tile, _mainloop\n\n")
-    path = os.path.join(tempfile.mkdtemp(prefix="costmodel-tiled-hints-"), "spec_kernel.py")
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(head + src.replace(runtime, const))
-    spec = importlib.util.spec_from_file_location("spec_kernel", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return getattr(mod, jit_fn.fn.__name__)
-
-
 def ours_nk_launcher(cfg):
     """Our tiled kernel, N, K and the strides constant (M stays a runtime argument)."""
+    # (The committed runs 1-2 and persistent run 1 used hand copies of this and the persistent
+    # kernel, equal to them but for dropping the unused scale and K-tail branches.)
     kern = constexpr_copy(gemm.gemm_tiled_kernel, "M, N, K, stride_xm, stride_wn, stride_ym,",
                           "M, N: tl.constexpr, K: tl.constexpr, stride_xm: tl.constexpr, "
-                          "stride_wn: tl.constexpr, stride_ym: tl.constexpr,")
+                          "stride_wn: tl.constexpr, stride_ym: tl.constexpr,", IMPORTS)
     bm, bn, bk, w, s = cfg
 
     def run(ops):
@@ -136,7 +119,7 @@ def persistent_nk_launcher(cfg):
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     kern = constexpr_copy(gemm.gemm_persistent_kernel, "M, N, K, NUM_PROGRAMS,",
-                          "M, N: tl.constexpr, K: tl.constexpr, NUM_PROGRAMS,")
+                          "M, N: tl.constexpr, K: tl.constexpr, NUM_PROGRAMS,", IMPORTS)
     bm, bn, bk, w, s = cfg
 
     def run(ops):
