@@ -154,10 +154,11 @@ class GraphTimer:
     def measure_paired(self, fns: dict, n_copies: int) -> dict:
         """Time several contenders (label -> fn(i)) side by side: each gets its own graph, then
         every replay set interleaves the contenders, in the given order (an untimed replay, then
-        a timed one, of each), so all of them run at the same clock and temperature. Timed one after the other, a compute-bound kernel of
-        milliseconds read up to 12% apart from the same cuBLAS call seconds earlier or later, as
-        the card heated (peer benchmark, issue 18). If any contender's set is unstable, all are
-        measured once more and the set whose worst spread is least is kept, whole."""
+        a timed one, of each), so all of them run at the same clock and temperature. Timed one
+        after the other, a compute-bound kernel of milliseconds read up to 12% apart from the
+        same cuBLAS call seconds earlier or later, as the card heated (peer benchmark, issue 18).
+        If any contender's set is unstable, all are measured once more and the set whose worst
+        spread is least is kept, whole."""
         labels = list(fns)
         graphs, inner, reps = {}, {}, 0
         try:
