@@ -11,10 +11,11 @@ script, per M = 1 bf16 shape and in one process:
   replays interleaved, three rotated rounds, all times from one round), Inductor's kernel, every
   GEMV config of the committed space for the shape, and knobs outside it: the committed kernel
   at BLOCK_K 4096, 2 or 16 warps, 2-3 pipeline stages, and a persistent GEMV (below) with a grid
-  of P programs per SM looping over the row blocks (no tail wave). Every contender is gated
-  against the fp32 reference first.
+  of P programs per SM looping over the row blocks (no tail wave); or, with ``--set spec``, the
+  space's configs compiled with N, K and the strides as constants (as Inductor's static-shape
+  kernel has them). Every contender is gated against the fp32 reference first.
 
-    python benchmarks/explore/gemv_inductor.py --out OUT [--shapes M,N,K ...]
+    python benchmarks/explore/gemv_inductor.py --out OUT [--set wide|spec] [--shapes M,N,K ...]
 
 Writes OUT/gemv_inductor.jsonl (one row per shape, resumed) and prints a summary per shape.
 """
@@ -87,6 +88,43 @@ def persistent_variants():
     return [(bn, bk, w, p) for bn in (1, 4) for bk in (1024, 2048) for w in (4, 8) for p in (4, 8, 16)]
 
 
+# The committed GEMV with N, K and the strides compiled as constants (M stays a run-time value),
+# as Inductor's static-shape kernels have them: one compile per (N, K, config).
+SPEC_RUNTIME = "M, N, K, stride_xm, stride_wn, stride_ym,"
+SPEC_CONST = ("M, N: tl.constexpr, K: tl.constexpr, stride_xm: tl.constexpr, stride_wn: tl.constexpr, "
+              "stride_ym: tl.constexpr,")
+
+
+def specialised_kernel():
+    from gemm_costmodel.benchmarks.kernel_variants import constexpr_copy
+    from gemm_costmodel.kernels import gemm_gemv
+
+    return constexpr_copy(gemm_gemv.gemv_kernel, SPEC_RUNTIME, SPEC_CONST,
+                          "from gemm_costmodel.kernels.gemm_gemv import _x_row, _store_row, _reduce_row")
+
+
+def spec_configs(space):
+    """The space's unsplit GEMV configs and a few of Inductor's picks (16 warps, BLOCK_K 4096)."""
+    from gemm_costmodel.kernels.gemm_configs import GemvConfig
+
+    out = [c for c in space if c.split_k == 1]
+    out += [GemvConfig(1, bn, bk, 1, w, 1) for bn, bk, w in ((1, 2048, 16), (1, 4096, 16), (2, 4096, 16),
+                                                             (2, 1024, 16), (4, 2048, 16), (4, 4096, 4),
+                                                             (1, 4096, 4), (1, 4096, 8))]
+    return out
+
+
+def spec_run(kernel, cfg, ops):
+    m, k = ops.x.shape
+    n = ops.w.shape[0]
+    grid = (triton.cdiv(n, cfg.block_n), 1, triton.cdiv(m, cfg.block_m))
+    kernel[grid](ops.x, ops.w, ops.out, ops.out, ops.out, ops.out, ops.out, m, n, k, ops.x.stride(0),
+                 ops.w.stride(0), ops.out.stride(0), HAS_SCALE=False, ROWS=cfg.block_m, BLOCK_N=cfg.block_n,
+                 BLOCK_K=cfg.block_k, SPLIT_K=1, EVEN_K=k % cfg.block_k == 0, num_warps=cfg.num_warps,
+                 num_stages=cfg.num_stages)
+    return ops.out
+
+
 def inductor_record(cache_dir: str, since: float) -> dict:
     """What coordinate descent kept (.best_config files) and the head of each kernel source,
     of the files written since ``since`` (this shape's compile)."""
@@ -109,7 +147,7 @@ def inductor_record(cache_dir: str, since: float) -> dict:
     return {"best_configs": best, "kernel_sources": srcs[:2]}
 
 
-def measure(m, n, k, timer, l2, sms, rounds, cache):
+def measure(m, n, k, timer, l2, sms, rounds, cache, which="wide"):
     from gemm_costmodel.benchmarks import correctness as C
     from gemm_costmodel.benchmarks.peers import time_rounds
     from gemm_costmodel.kernels.gemm_configs import Problem, VendorConfig, feasible_configs
@@ -132,9 +170,14 @@ def measure(m, n, k, timer, l2, sms, rounds, cache):
                          lambda i: fn(opsets[i].x, opsets[i].w))
     cands["cublas"] = (VendorConfig(), None, lambda i: opsets[i].run(VendorConfig()))
     space = [c for c in feasible_configs(p) if c.variant == "gemv"]
-    for c in space + extra_gemv_configs():
+    for c in space + (extra_gemv_configs() if which == "wide" else []):
         cands.setdefault(c.id, (c, None, lambda i, c=c: opsets[i].run(c)))
-    for bn, bk, w, per in persistent_variants():
+    if which == "spec":
+        kern = specialised_kernel()
+        for c in spec_configs(space):
+            cands["spec_" + c.id] = (c, lambda c=c: spec_run(kern, c, first),
+                                     lambda i, c=c: spec_run(kern, c, opsets[i]))
+    for bn, bk, w, per in (persistent_variants() if which == "wide" else []):
         label = f"pgemv_n{bn}k{bk}_w{w}_p{per}"
         cands[label] = (VendorConfig(), lambda bn=bn, bk=bk, w=w, per=per: persistent_run(first, bn, bk, w, per, sms),
                         lambda i, bn=bn, bk=bk, w=w, per=per: persistent_run(opsets[i], bn, bk, w, per, sms))
@@ -182,6 +225,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes", nargs="*", help="M,N,K triples (default: the peer suite's M = 1 shapes and four more)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--set", dest="which", default="wide", choices=["wide", "spec"],
+                    help="wide: the space, knobs outside it and a persistent GEMV; spec: the space and "
+                         "its configs compiled with N, K and the strides constant")
     args = ap.parse_args(argv)
     try:
         shapes = [tuple(int(v) for v in s.split(",")) for s in args.shapes] if args.shapes else DEFAULT_SHAPES
@@ -212,7 +258,7 @@ def main(argv=None) -> int:
     for s in shapes:
         if tuple(s) in done:
             continue
-        row = measure(*s, timer, l2, sms, args.rounds, cache)
+        row = measure(*s, timer, l2, sms, args.rounds, cache, args.which)
         row["provenance"] = prov
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(row) + "\n")
