@@ -13,7 +13,8 @@ script, per M = 1 bf16 shape and in one process:
   at BLOCK_K 4096, 2 or 16 warps, 2-3 pipeline stages, and a persistent GEMV (below) with a grid
   of P programs per SM looping over the row blocks (no tail wave); or, with ``--set spec``, the
   space's configs compiled with N, K and the strides as constants (as Inductor's static-shape
-  kernel has them). Every contender is gated against the fp32 reference first.
+  kernel has them), or with ``--set speck`` 14 of them so and with only K and the weight's row
+  stride constant. Every contender is gated against the fp32 reference first.
 
     python benchmarks/explore/gemv_inductor.py --out OUT [--set wide|spec] [--shapes M,N,K ...]
 
@@ -95,11 +96,21 @@ SPEC_CONST = ("M, N: tl.constexpr, K: tl.constexpr, stride_xm: tl.constexpr, str
               "stride_ym: tl.constexpr,")
 
 
-def specialised_kernel():
+# Only K and the weight's row stride constant (N and the token rows' strides at run time): one
+# compile per (K, config), which a model's handful of hidden sizes keeps to a few.
+SPECK_CONST = "M, N, K: tl.constexpr, stride_xm, stride_wn: tl.constexpr, stride_ym,"
+# The competitive configs of the spec run, for the spec-vs-K-only comparison.
+SPECK_IDS = ["gemv_m1n1k1024_s1_w4s1", "gemv_m1n1k2048_s1_w4s1", "gemv_m1n1k2048_s1_w8s1", "gemv_m1n1k4096_s1_w8s1",
+             "gemv_m1n1k4096_s1_w16s1", "gemv_m1n2k1024_s1_w4s1", "gemv_m1n2k2048_s1_w8s1", "gemv_m1n4k2048_s1_w4s1",
+             "gemv_m1n4k2048_s1_w8s1", "gemv_m1n4k1024_s1_w4s1", "gemv_m1n8k512_s1_w4s1", "gemv_m1n1k1024_s1_w8s1",
+             "gemv_m1n2k1024_s1_w8s1", "gemv_m1n1k2048_s1_w16s1"]
+
+
+def specialised_kernel(const: str = SPEC_CONST):
     from gemm_costmodel.benchmarks.kernel_variants import constexpr_copy
     from gemm_costmodel.kernels import gemm_gemv
 
-    return constexpr_copy(gemm_gemv.gemv_kernel, SPEC_RUNTIME, SPEC_CONST,
+    return constexpr_copy(gemm_gemv.gemv_kernel, SPEC_RUNTIME, const,
                           "from gemm_costmodel.kernels.gemm_gemv import _x_row, _store_row, _reduce_row")
 
 
@@ -177,6 +188,13 @@ def measure(m, n, k, timer, l2, sms, rounds, cache, which="wide"):
         for c in spec_configs(space):
             cands["spec_" + c.id] = (c, lambda c=c: spec_run(kern, c, first),
                                      lambda i, c=c: spec_run(kern, c, opsets[i]))
+    if which == "speck":
+        from gemm_costmodel.kernels.gemm_configs import config_from_id
+
+        for prefix, kern in (("spec_", specialised_kernel()), ("speck_", specialised_kernel(SPECK_CONST))):
+            for c in map(config_from_id, SPECK_IDS):
+                cands[prefix + c.id] = (c, lambda c=c, kern=kern: spec_run(kern, c, first),
+                                        lambda i, c=c, kern=kern: spec_run(kern, c, opsets[i]))
     for bn, bk, w, per in (persistent_variants() if which == "wide" else []):
         label = f"pgemv_n{bn}k{bk}_w{w}_p{per}"
         cands[label] = (VendorConfig(), lambda bn=bn, bk=bk, w=w, per=per: persistent_run(first, bn, bk, w, per, sms),
@@ -225,9 +243,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes", nargs="*", help="M,N,K triples (default: the peer suite's M = 1 shapes and four more)")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--set", dest="which", default="wide", choices=["wide", "spec"],
+    ap.add_argument("--set", dest="which", default="wide", choices=["wide", "spec", "speck"],
                     help="wide: the space, knobs outside it and a persistent GEMV; spec: the space and "
-                         "its configs compiled with N, K and the strides constant")
+                         "its configs compiled with N, K and the strides constant; speck: the space and 14 of its configs "
+                         "compiled both so and with only K and the weight's stride constant")
     args = ap.parse_args(argv)
     try:
         shapes = [tuple(int(v) for v in s.split(",")) for s in args.shapes] if args.shapes else DEFAULT_SHAPES
