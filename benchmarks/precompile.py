@@ -63,13 +63,14 @@ def _worker(args: tuple[str, list[tuple[str, dict]]]) -> int:
     done = 0
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
-    cache = {}
+    prob, ops = None, None
     for cid, fields in tasks:
-        prob = spec.problem_of(fields)
-        if prob not in cache:
-            cache[prob] = impl.make_operands(prob, "cuda", gen)
+        if spec.problem_of(fields) != prob:
+            # One probe's operands at a time (the tasks come grouped by probe).
+            prob, ops = spec.problem_of(fields), None
+            ops = impl.make_operands(prob, "cuda", gen)
         try:
-            cache[prob].run(spec.config_from_id(cid))
+            ops.run(spec.config_from_id(cid))
             done += 1
         except Exception:  # noqa: BLE001 - the sweep records the failure
             pass
@@ -77,19 +78,49 @@ def _worker(args: tuple[str, list[tuple[str, dict]]]) -> int:
     return done
 
 
+def shape_probe(p: Problem) -> Problem:
+    """The probe of a config compiled per weight shape (``shape_specialised``, the GEMV): the
+    problem's own N and K at M = 1 (M is never specialised on)."""
+    return type(p)(1, p.n, p.k, p.dtype)
+
+
 def plan(problems_and_configs: Iterable[tuple[Problem, list]]) -> list[tuple]:
-    """Distinct (config id, probe problem) tasks for the given problems."""
+    """Distinct (config id, probe problem) tasks for the given problems, those of one probe
+    problem next to each other."""
     seen = set()
     tasks = []
     for prob, cfgs in problems_and_configs:
         sig = specialisation(prob)
         pr = probe(prob)
         for c in cfgs:
-            if isinstance(c, VendorConfig) or (c.id, sig) in seen:
+            if isinstance(c, VendorConfig):
                 continue
-            seen.add((c.id, sig))
-            tasks.append((c.id, _fields(pr)))
-    return tasks
+            if getattr(c, "shape_specialised", False):
+                key, fields = (c.id, sig, prob.n, prob.k), _fields(shape_probe(prob))
+            else:
+                key, fields = (c.id, sig), _fields(pr)
+            if key in seen:
+                continue
+            seen.add(key)
+            tasks.append((c.id, fields))
+    # Grouped by probe: a worker holds one probe's operands at a time, and a weight-shaped
+    # probe can be hundreds of MB.
+    order = {}
+    for _, fields in tasks:
+        order.setdefault(tuple(sorted(fields.items())), len(order))
+    return sorted(tasks, key=lambda t: order[tuple(sorted(t[1].items()))])
+
+
+def chunks_for(tasks: list[tuple], workers: int) -> list[list[tuple]]:
+    """Tasks split over workers with each probe's tasks in one chunk, the chunks balanced by
+    task count (largest probe groups first)."""
+    groups: dict = {}
+    for t in tasks:
+        groups.setdefault(tuple(sorted(t[1].items())), []).append(t)
+    chunks = [[] for _ in range(max(1, workers))]
+    for g in sorted(groups.values(), key=len, reverse=True):
+        min(chunks, key=len).extend(g)
+    return [c for c in chunks if c]
 
 
 def precompile(problems_and_configs, workers: int | None = None, log=print, op: str = "gemm") -> int:
@@ -98,10 +129,10 @@ def precompile(problems_and_configs, workers: int | None = None, log=print, op: 
     if not tasks:
         return 0
     workers = workers or max(1, min(14, (os.cpu_count() or 2) - 2))
-    chunks = [tasks[i::workers] for i in range(workers)]
+    chunks = chunks_for(tasks, workers)
     t0 = time.perf_counter()
     ctx = mp.get_context("spawn")
     with ctx.Pool(workers) as pool:
-        n = sum(pool.map(_worker, [(op, c) for c in chunks if c]))
+        n = sum(pool.map(_worker, [(op, c) for c in chunks]))
     log(f"precompile: {n}/{len(tasks)} kernels ready in {time.perf_counter() - t0:.1f}s with {workers} workers")
     return n

@@ -144,6 +144,9 @@ class GemvConfig:
     num_warps: int
     num_stages: int
     variant: ClassVar[str] = "gemv"
+    # Compiled per weight shape (N, K and the strides are constants in the kernel): a
+    # precompile must probe the problem's own N and K (benchmarks/precompile.py).
+    shape_specialised: ClassVar[bool] = True
 
     @property
     def id(self) -> str:

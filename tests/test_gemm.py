@@ -453,10 +453,51 @@ def test_gemv_token_rows_cover_m(m, rows, split, dtype):
 
 
 def test_gemv_launch_beyond_its_rows_is_still_correct():
-    """Feasibility keeps GEMV to M <= 2, but a launch with more tokens (the precompile probe uses
-    M = 3 for every config) takes more row blocks and stays correct."""
+    """Feasibility keeps GEMV to M <= 2, but a launch with more tokens (M = 3 and more) takes
+    more row blocks and stays correct."""
     prob, ops, ref = operands_for(7, 20, 300, "fp32")
     for cfg in (GemvConfig(1, 4, 64, 1, 1, 1), GemvConfig(2, 4, 64, 3, 1, 1), GemvConfig(4, 8, 32, 2, 1, 1)):
         assert not check_feasible(cfg, prob)[0]
         status, err, detail = C.gate(cfg, ops, ref, "fp32")
         assert status == C.STATUS_OK, (cfg.id, detail)
+
+
+def test_gemv_is_compiled_per_weight_shape_and_stays_correct_across_shapes():
+    """N, K and the strides are compile-time constants of the GEMV: one config launched on weights
+    of different shapes in turn (and on a strided token view) must compile for each and never
+    reuse another shape's kernel (a reused one would read the wrong rows or stop short of K)."""
+    cfg = GemvConfig(1, 4, 64, 1, 1, 1)
+    for n, k in ((37, 200), (16, 256), (37, 264), (5, 64)):
+        prob, ops, ref = operands_for(1, n, k, "fp32")
+        status, err, detail = C.gate(cfg, ops, ref, "fp32")
+        assert status == C.STATUS_OK, (n, k, detail)
+    x = torch.randn(2, 300, dtype=torch.float16)[:, :200]  # row stride 300, not K
+    w = torch.randn(37, 200, dtype=torch.float16)
+    y = gemm.launch(GemvConfig(2, 4, 64, 1, 1, 1), x, w)
+    torch.testing.assert_close(y.float(), x.float() @ w.float().T, rtol=2e-3, atol=2e-3)
+
+
+def test_precompile_probes_a_shape_specialised_config_on_its_own_weight_shape():
+    """The GEMV compiles per (N, K): its precompile task probes the problem's N and K (at M = 1),
+    once per weight shape, while an MMA config keeps one task per divisibility class; the
+    tasks of one probe sit together, and chunks never split a probe's tasks."""
+    from gemm_costmodel.benchmarks import precompile as P
+    from gemm_costmodel.kernels.gemm_configs import TiledConfig
+
+    gemv, tiled = GemvConfig(1, 4, 1024, 1, 4, 1), TiledConfig(64, 64, 64, 8, 4, 3)
+    probs = [Problem(1, 4096, 4096, "bf16"), Problem(2, 4096, 4096, "bf16"), Problem(1, 8192, 4096, "bf16")]
+    tasks = P.plan([(p, [tiled, gemv, GemvConfig(2, 4, 1024, 1, 4, 1)]) for p in probs])
+    gemv_tasks = [(cid, (f["m"], f["n"], f["k"])) for cid, f in tasks if cid.startswith("gemv")]
+    assert sorted(gemv_tasks) == sorted([(gemv.id, (1, 4096, 4096)), ("gemv_m2n4k1024_s1_w4s1", (1, 4096, 4096)),
+                                         (gemv.id, (1, 8192, 4096)), ("gemv_m2n4k1024_s1_w4s1", (1, 8192, 4096))])
+    # N = 4096 and 8192 agree in divisibility: one tiled task for all three problems.
+    assert [cid for cid, _ in tasks].count(tiled.id) == 1
+    probes = [tuple(sorted(f.items())) for _, f in tasks]
+    assert all(probes.index(pr) == i or probes[i - 1] == pr for i, pr in enumerate(probes)), "probes interleave"
+    chunks = P.chunks_for(tasks, 2)
+    flat = lambda ts: sorted((cid, tuple(sorted(f.items()))) for cid, f in ts)  # noqa: E731
+    assert flat(t for c in chunks for t in c) == flat(tasks)
+    owner = {}
+    for i, c in enumerate(chunks):
+        for _, f in c:
+            assert owner.setdefault(tuple(sorted(f.items())), i) == i, "a probe split over chunks"
