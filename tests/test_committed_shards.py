@@ -29,10 +29,12 @@ def _mode(name: str) -> str:
     # shapes measured before they existed.
     if name.startswith("swapab-train-"):
         return "variant:swapab,swapab_tma"
-    # The GEMV sweeps (benchmarks/device_gemv.sh): its configs, plus TMA swap-AB on more M = 1 shapes.
+    # The GEMV sweeps (benchmarks/device_gemv.sh): its configs, plus TMA swap-AB on more M = 1
+    # shapes. Those shapes' GEMV rows were measured again (gemv3-train-m1, the GEMV compiled per
+    # weight shape) and moved out of gemv2-train-m1, which keeps its TMA swap-AB and cuBLAS rows.
     if name.startswith("gemv2-train-m1-"):
-        return "variant:gemv,swapab_tma"
-    if name.startswith("gemv2-train-"):
+        return "variant:swapab_tma"
+    if name.startswith(("gemv2-train-", "gemv3-train-")):
         return "variant:gemv"
     # MoE swap-AB rows (benchmarks/device_moe_swapab.sh) on training shapes measured before it.
     if name.startswith("moe-trainswapab-"):
