@@ -74,7 +74,7 @@ def _worker(args: tuple[str, list[tuple[str, dict]]]) -> int:
             try:
                 ops = impl.make_operands(prob, "cuda", gen)
             except torch.OutOfMemoryError:
-                ops = None  # the sweep compiles these configs itself
+                pass  # the sweep compiles these configs itself
         if ops is None:
             continue
         try:
@@ -92,11 +92,16 @@ def shape_probe(p: Problem) -> Problem:
     return type(p)(1, p.n, p.k, p.dtype)
 
 
+def _probe_key(task: tuple) -> tuple:
+    """A hashable key of a task's probe problem (its fields)."""
+    return tuple(sorted(task[1].items()))
+
+
 def plan(problems_and_configs: Iterable[tuple[Problem, list]]) -> list[tuple]:
     """Distinct (config id, probe problem) tasks for the given problems, those of one probe
     problem next to each other."""
     seen = set()
-    tasks = []
+    groups: dict[tuple, list] = {}
     for prob, cfgs in problems_and_configs:
         sig = specialisation(prob)
         pr = probe(prob)
@@ -110,13 +115,11 @@ def plan(problems_and_configs: Iterable[tuple[Problem, list]]) -> list[tuple]:
             if key in seen:
                 continue
             seen.add(key)
-            tasks.append((c.id, fields))
-    # Grouped by probe: a worker holds one probe's operands at a time, and a weight-shaped
-    # probe can be hundreds of MB.
-    order = {}
-    for _, fields in tasks:
-        order.setdefault(tuple(sorted(fields.items())), len(order))
-    return sorted(tasks, key=lambda t: order[tuple(sorted(t[1].items()))])
+            task = (c.id, fields)
+            # Grouped by probe: a worker holds one probe's operands at a time, and a
+            # weight-shaped probe can be hundreds of MB.
+            groups.setdefault(_probe_key(task), []).append(task)
+    return [t for g in groups.values() for t in g]
 
 
 def chunks_for(tasks: list[tuple], workers: int) -> list[list[tuple]]:
@@ -124,7 +127,7 @@ def chunks_for(tasks: list[tuple], workers: int) -> list[list[tuple]]:
     task count (largest probe groups first)."""
     groups: dict = {}
     for t in tasks:
-        groups.setdefault(tuple(sorted(t[1].items())), []).append(t)
+        groups.setdefault(_probe_key(t), []).append(t)
     chunks = [[] for _ in range(max(1, workers))]
     for g in sorted(groups.values(), key=len, reverse=True):
         min(chunks, key=len).extend(g)
