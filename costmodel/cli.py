@@ -254,7 +254,8 @@ def _train_config(args):
                        n_jobs=args.jobs, seed=args.seed, eval_weight=pick("eval_weight", "eval_weight"),
                        shortlist_tol=pick("shortlist_tol", "shortlist_tol"),
                        vendor_margin=pick("vendor_margin", "vendor_margin"),
-                       parallel_trees=pick("parallel_trees", "parallel_trees"))
+                       parallel_trees=pick("parallel_trees", "parallel_trees"),
+                       rank_step=pick("rank_step", "rank_step"))
 
 
 def _load_frame(args):
@@ -519,6 +520,9 @@ def _model_args(p, report: bool = False, train: bool = False) -> None:
     p.add_argument("--parallel-trees", type=int, default=None,
                    help="trees per boosting round, averaged (xgboost num_parallel_tree; default: the op's, "
                         "else 1); the decision then evaluates that many times the trees")
+    p.add_argument("--rank-step", type=float, default=None,
+                   help="grade step of the rank labels: candidates within this factor of each other share a "
+                        "grade (default: the op's, else 1.03)")
     p.add_argument("--jobs", type=int, default=2, help="xgboost threads")
     p.add_argument("--seed", type=int, default=0)
     if report:

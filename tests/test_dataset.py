@@ -73,6 +73,21 @@ def test_committed_dataset_loads_typed_and_valid():
     assert fams(moe[moe["eval_shape"]]) & set(MOE_HELDOUT)
 
 
+def test_committed_parquet_flags_match_what_the_build_writes():
+    """Each committed parquet file holds the evaluation flags `build_parquet` gives its shard now:
+    no evaluation shape of it is incomplete for the current space or has an out-of-memory row.
+    A file built before its op's space grew (the MoE evaluation files kept swap-AB-less runs
+    flagged as evaluation after swap-AB joined) would mix superseded runs into the oracle."""
+    stale = {}
+    for p in D.dataset_files():
+        df = D.drop_resolved_oom(D.read_file(p))
+        df, oom = D.demote_oom_eval_shapes(df)
+        _, incomplete = D.demote_incomplete_eval_shapes(df)
+        if oom or incomplete:
+            stale[p] = (len(oom), len(incomplete))
+    assert not stale, f"rebuild with `costmodel dataset build`: (oom, incomplete) eval shapes per file {stale}"
+
+
 def test_dataset_files_under_50mb():
     import os
 

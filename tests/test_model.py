@@ -10,7 +10,7 @@ import pytest
 from gemm_costmodel.serving import features as F
 from gemm_costmodel.serving import hardware
 from gemm_costmodel.learning.model import (FORMULATIONS, SHORTLIST_EDGES, CostModel, TrainConfig, m_bucket_index,
-                                           shape_ids, targets, training_rows)
+                                           rank_grades, shape_ids, targets, training_rows)
 from gemm_costmodel.learning.pipeline import load_training_frame
 
 FP8 = ["datasets/gemm/fp8/eval-fp8-shard01of40.parquet", "datasets/gemm/fp8/train-fp8-shard00of16.parquet"]
@@ -87,6 +87,20 @@ def test_targets_rank_grades():
     # grade = clip(30 - floor(ln(slowdown) / ln(1.03)), 0, 30):
     #   1.00 -> 30; 1.05 -> ln 1.05 / ln 1.03 = 1.65 -> 29; 2 -> 23.45 -> 7; 10 -> 77.9 -> clipped to 0.
     np.testing.assert_array_equal(targets(hand_frame(), "rank"), [30, 29, 7, 0, 29, 30, 7])
+
+
+def test_targets_rank_grades_finer_step():
+    # rank_step 1.01 spans the same 2.43x in round(30 ln 1.03 / ln 1.01) = round(89.1) = 89 grades:
+    #   1.05 -> ln 1.05 / ln 1.01 = 4.90 -> 85; 2 -> 69.66 -> 20; 10 -> 231.4 -> clipped to 0.
+    assert rank_grades(1.03) == 30 and rank_grades(1.01) == 89
+    np.testing.assert_array_equal(targets(hand_frame(), "rank", rank_step=1.01), [89, 85, 20, 0, 85, 89, 20])
+
+
+def test_train_config_rank_step_range():
+    assert TrainConfig().rank_step == 1.03
+    for bad in (1.0, 0.9, 2.0):
+        with pytest.raises(ValueError, match="rank_step must be in"):
+            TrainConfig(rank_step=bad)
 
 
 def test_training_rows_filters():

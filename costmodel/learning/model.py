@@ -21,9 +21,16 @@ from gemm_costmodel.serving import hardware
 
 FORMULATIONS = ("log_latency", "normalized", "rank")
 SHAPE_COLS = ["gpu_name", "op", "dtype", "m", "n", "k", "e", "top_k", "stage", "routing"]
-# Grade step of the ranking labels: candidates within 3% of each other share a grade.
+# Grade step of the ranking labels (TrainConfig.rank_step's default): candidates within 3% of
+# each other share a grade. RANK_GRADES steps of 3% span slowdowns up to 1.03 ** 30 = 2.43x;
+# slower candidates share grade 0. A finer step gets more grades, over the same span.
 RANK_STEP = 1.03
 RANK_GRADES = 30
+
+
+def rank_grades(rank_step: float) -> int:
+    """The top grade of rank_step-wide bands spanning what RANK_GRADES steps of RANK_STEP span."""
+    return int(round(RANK_GRADES * np.log(RANK_STEP) / np.log(rank_step)))
 # Upper M edges of the shortlist buckets (the last bucket is open-ended).
 SHORTLIST_EDGES = (16, 64, 256, 1024)
 
@@ -66,6 +73,11 @@ class TrainConfig:
     # units). A pick the model ranks barely above the vendor is a coin flip it often loses, while
     # the vendor is the baseline users compare against (issue 16: never >2% slower than it).
     vendor_margin: float = 0.0
+    # Grade step of the ``rank`` labels: a candidate within this factor of the shape's best shares
+    # its grade, so pairs inside one step teach the ranker nothing. 3% suited the MMA configs,
+    # whose run-to-run noise is 1-2%; finer steps order near-ties (memory-bound GEMV configs
+    # within 1-4% of each other) at the risk of learning noise.
+    rank_step: float = RANK_STEP
 
     def __post_init__(self):
         if self.formulation not in FORMULATIONS:
@@ -78,6 +90,8 @@ class TrainConfig:
             raise ValueError(f"eval_weight must be > 0, got {self.eval_weight!r}")
         if not 0 <= self.vendor_margin < float("inf"):
             raise ValueError(f"vendor_margin must be finite and >= 0, got {self.vendor_margin!r}")
+        if not 1.0 < self.rank_step < 2.0:
+            raise ValueError(f"rank_step must be in (1, 2), got {self.rank_step!r}")
         if self.vendor_margin and self.formulation == "log_latency":
             # That model's score is the latency it reports: a margin would bias the number.
             raise ValueError("vendor_margin needs a relative formulation (rank or normalized), not log_latency")
@@ -128,14 +142,16 @@ def slowdowns(df) -> np.ndarray:
     return lat / best[sid]
 
 
-def targets(df, formulation: str) -> np.ndarray:
-    """The regression target or ranking label of each row for a formulation."""
+def targets(df, formulation: str, rank_step: float = RANK_STEP) -> np.ndarray:
+    """The regression target or ranking label of each row for a formulation (``rank``: grades of
+    rank_step-wide slowdown bands, ``rank_grades(rank_step)`` for the best band, clipped at 0)."""
     if formulation == "log_latency":
         return np.log2(df["p50_us"].to_numpy(dtype=np.float64))
     slow = slowdowns(df)
     if formulation == "normalized":
         return np.log2(slow)
-    return np.clip(RANK_GRADES - np.floor(np.log(slow) / np.log(RANK_STEP)), 0, RANK_GRADES)
+    top = rank_grades(rank_step)
+    return np.clip(top - np.floor(np.log(slow) / np.log(rank_step)), 0, top)
 
 
 class CostModel:
@@ -160,7 +176,7 @@ class CostModel:
                 raise ValueError(f"no shape with two or more trainable candidates: a {self.config.formulation} "
                                  "model learns the order of candidates within a shape")
         X = F.from_frame(rows, hardware.spec_for)
-        y = targets(rows, self.config.formulation)
+        y = targets(rows, self.config.formulation, self.config.rank_step)
         dm = xgb.DMatrix(X, label=y)
         weight = np.where(rows["eval_shape"].astype(bool).to_numpy(), self.config.eval_weight, 1.0)
         if self.config.formulation == "rank":
