@@ -28,7 +28,8 @@ INPUT_NAME = "features"
 # boosted ensemble's score is the sum of its trees, so the kept candidates get their exact full
 # score. On the H100 host the cold decision spent half its time in onnxruntime scoring ~135
 # candidates with 100 trees (issue 18). The dense model's 20-tree prefix with 16 kept gave the
-# whole model's pick on every one of 500 cold problems; the 300-tree fp8_blockscale and MoE models
+# whole model's pick on every one of 500 cold problems (24 since its 1% rank grades, which made
+# 16 miss 2 of 500 M = 2 near-ties; registry ``cascade``); the 300-tree fp8_blockscale and MoE models
 # (60-tree prefixes) missed it on 10 of 449 and 376 evaluation problems with 16 kept, on 1 each
 # with 32 (models/NOTES.md).
 CASCADE_PREFIX_FRACTION = 0.2
