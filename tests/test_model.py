@@ -260,3 +260,22 @@ def test_parallel_trees_average_rather_than_add(fp8):
     a, b = one.score(X_), three.score(X_)
     assert np.corrcoef(a, b)[0, 1] > 0.95
     assert 0.8 < np.std(b) / np.std(a) < 1.25
+
+
+def test_cli_training_config_takes_rank_step_from_the_op_then_the_command_line():
+    import argparse
+
+    from gemm_costmodel.cli import _train_config
+
+    def cfg(op, rank_step=None):
+        ns = argparse.Namespace(op=op, formulation=None, trees=None, depth=None, eta=None, jobs=1, seed=0,
+                                eval_weight=None, shortlist_tol=None, vendor_margin=None, parallel_trees=None,
+                                rank_step=rank_step)
+        return _train_config(ns)
+
+    # The dense and MoE ops grade in 1% steps (registry train_defaults); fp8_blockscale keeps the default.
+    assert cfg("gemm").rank_step == 1.01 and cfg("moe").rank_step == 1.01
+    assert cfg("fp8_blockscale").rank_step == 1.03
+    assert cfg("gemm", rank_step=1.02).rank_step == 1.02
+    with pytest.raises(ValueError, match="rank_step must be in"):
+        cfg("gemm", rank_step=1.0)

@@ -31,6 +31,8 @@ RANK_GRADES = 30
 def rank_grades(rank_step: float) -> int:
     """The top grade of rank_step-wide bands spanning what RANK_GRADES steps of RANK_STEP span."""
     return int(round(RANK_GRADES * np.log(RANK_STEP) / np.log(rank_step)))
+
+
 # Upper M edges of the shortlist buckets (the last bucket is open-ended).
 SHORTLIST_EDGES = (16, 64, 256, 1024)
 
