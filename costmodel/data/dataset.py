@@ -445,6 +445,17 @@ def demote_incomplete_eval_shapes(df: pd.DataFrame) -> tuple[pd.DataFrame, list[
     return df, demoted
 
 
+def build_rules(df: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple], list[tuple]]:
+    """What ``build_parquet`` does to a shard's rows before writing them: out-of-memory rows that a
+    later row replaced dropped, then evaluation shapes with an out-of-memory row and incomplete
+    ones stored as training shapes. Returns the frame and the (gpu_name, dtype, m, n, k) keys
+    demoted for each reason (the specific reason first: an OOM shape is incomplete too)."""
+    df = drop_resolved_oom(df)
+    df, oom = demote_oom_eval_shapes(df)
+    df, incomplete = demote_incomplete_eval_shapes(df)
+    return df, oom, incomplete
+
+
 def _status_rank(status: str) -> tuple:
     return (STATUS_ORDER.index(status) if status in STATUS_ORDER else len(STATUS_ORDER), status)
 
@@ -462,20 +473,18 @@ def build_parquet(raw_paths, out_root: str = "datasets", log=None) -> list[str]:
     written = []
     statuses = pd.Series(dtype="int64")
     for raw in raw_paths:
-        # Out-of-memory rows a resume measured again are no failure of the sweep any more.
-        df = drop_resolved_oom(read_file(raw))
+        # Out-of-memory rows a resume measured again are no failure of the sweep any more (health
+        # reads statuses only, not the evaluation flags the rules change).
+        df, oom, demoted = build_rules(read_file(raw))
         text, warnings = health(df)
         statuses = statuses.add(df["status"].value_counts(), fill_value=0)
         if log is not None:
             log(f"{raw}: {text}")
             for w in warnings:
                 log(w)
-        # The specific reason first: an OOM shape is incomplete too.
-        df, demoted = demote_oom_eval_shapes(df)
-        if demoted and log is not None:
-            log(f"{raw}: {len(demoted)} evaluation shape(s) with out-of-memory rows stored as training shapes: "
-                + ", ".join(f"{d}:{m}x{n}x{k}" for _, d, m, n, k in demoted[:5]))
-        df, demoted = demote_incomplete_eval_shapes(df)
+        if oom and log is not None:
+            log(f"{raw}: {len(oom)} evaluation shape(s) with out-of-memory rows stored as training shapes: "
+                + ", ".join(f"{d}:{m}x{n}x{k}" for _, d, m, n, k in oom[:5]))
         if demoted and log is not None:
             log(f"{raw}: {len(demoted)} incomplete evaluation shape(s) stored as training shapes: "
                 + ", ".join(f"{d}:{m}x{n}x{k}" for _, d, m, n, k in demoted[:5]))
