@@ -48,6 +48,51 @@ def test_interpreter_kernel_equals_reference_random_scales(m, n, k):
         assert _err(y, ref) <= I.ERROR_BOUNDS["fp16"], (cfg.id, _err(y, ref))
 
 
+GEMV_CONFIGS = [S.BsGemvConfig(1, 512, 4), S.BsGemvConfig(8, 1024, 8), S.BsGemvConfig(2, 2048, 4)]
+
+
+# N not a multiple of the rows per program (wrapped rows), K not a multiple of 128 or of
+# BLOCK_K (a partial tile and a partial scale group), a second scale block row (N > 128).
+@pytest.mark.parametrize("m, n, k", [(1, 200, 300), (1, 7, 1000), (1, 136, 2048), (3, 130, 520)])
+def test_interpreter_gemv_equals_reference_random_scales(m, n, k):
+    ops = _random_scaled(m, n, k, torch.float16, m * 17 + n + k)
+    ref = I.reference(ops)
+    for cfg in GEMV_CONFIGS:
+        ops.out.fill_(float("nan"))
+        y = ops.run(cfg)
+        assert y is ops.out
+        # M = 3 is outside the space (each row re-reads the weight) but still computed right.
+        assert _err(y, ref) <= I.ERROR_BOUNDS["fp16"], (cfg.id, m, n, k, _err(y, ref))
+
+
+def test_gemv_applies_each_scale_group():
+    """Doubling one As group of the token (K 128..255) changes exactly that group's share."""
+    ops = _random_scaled(1, 136, 384, torch.float32, 3)
+    base = I.launch(S.BsGemvConfig(8, 512, 4), ops.a, ops.b, ops.as_, ops.bs).clone()
+    ops.as_[0, 1] *= 2.0
+    a, b = I.dequantize(ops.a, ops.b, ops.as_, ops.bs)
+    want = base + (a[:, 128:256] / 2) @ b[:, 128:256].T
+    y = I.launch(S.BsGemvConfig(8, 512, 4), ops.a, ops.b, ops.as_, ops.bs)
+    assert _err(y, want) <= 1e-5
+    assert _err(y, I.reference(ops)) <= I.ERROR_BOUNDS["fp32"]
+
+
+def test_gemv_feasibility():
+    one, two = S.Problem(1, 7168, 2048, "fp8"), S.Problem(2, 7168, 2048, "fp8")
+    gemv = [c for c in S.generate_configs("sm90", "fp8") if c.variant == "gemv"]
+    assert len(gemv) == 24 and all(c.shape_specialised for c in gemv)
+    assert all(S.check_feasible(c, one)[0] for c in gemv)
+    ok, why = S.check_feasible(gemv[0], two)
+    assert not ok and why == "the GEMV is for M <= 1, got M=2"
+    assert "must divide the scale block 128" in S.check_feasible(S.BsGemvConfig(3, 512, 4), one)[1]
+    assert "power-of-two multiple" in S.check_feasible(S.BsGemvConfig(4, 384, 4), one)[1]
+    assert "power-of-two multiple" in S.check_feasible(S.BsGemvConfig(4, 64, 4), one)[1]
+    assert S.config_params(gemv[0]) == dict(block_m=1, block_n=1, block_k=512, group_m=1, split_k=1,
+                                            num_warps=4, num_stages=1)
+    # The vLLM export never sees it: not a vLLM config.
+    assert not any(isinstance(c, S.BsTiledConfig) for c in gemv)
+
+
 def test_scales_matter():
     """A kernel ignoring a scale group would be far off: scaling one Bs block changes y."""
     ops = _random_scaled(9, 200, 300, torch.float32, 5)
@@ -180,7 +225,7 @@ def test_splitk_needs_enough_k_tiles():
 def test_config_ids_round_trip(dtype):
     cfgs = S.generate_configs("sm90", dtype)
     # The vendor (blockwise torch._scaled_mm) is fp8-only: the interpreter dtypes have none.
-    want = {"tiled", "splitk", "swapab"} | ({"vendor"} if dtype == "fp8" else set())
+    want = {"tiled", "splitk", "swapab", "gemv"} | ({"vendor"} if dtype == "fp8" else set())
     assert {c.variant for c in cfgs} == want
     for c in cfgs:
         assert S.config_from_id(c.id) == c
@@ -188,6 +233,7 @@ def test_config_ids_round_trip(dtype):
     assert S.config_from_id("bstiled_m64n128k128_g32_w4s2") == S.vllm_default()
     assert S.config_from_id("cublas") == S.VendorConfig()
     assert S.config_from_id("bsswapab_m16n64k128_s2_w4s3") == S.BsSwapABConfig(16, 64, 128, 2, 4, 3)
+    assert S.config_from_id("bsgemv_n4k1024_w8") == S.BsGemvConfig(4, 1024, 8)
     for bad in ("tiled_m64n128k128_g32_w4s2", "bstiled_m064n128k128_g32_w4s2", "swapab_m16n64k128_s2_w4s3", ""):
         with pytest.raises(ValueError, match="unknown config id"):
             S.config_from_id(bad)

@@ -23,8 +23,8 @@ import triton
 import triton.language as tl
 
 from ..common import _arrival_counters, _grouped_tile, _splitk_last_arrival, splitk_workspace
-from .space import (GROUP_K, GROUP_N, BlockScaleConfig, BsSplitKConfig, BsSwapABConfig, BsTiledConfig, Problem,
-                    VendorConfig)
+from .space import (GROUP_K, GROUP_N, BlockScaleConfig, BsGemvConfig, BsSplitKConfig, BsSwapABConfig, BsTiledConfig,
+                    Problem, VendorConfig)
 
 TORCH_DTYPES = {"fp8": torch.float8_e4m3fn, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
@@ -135,6 +135,66 @@ def fp8_blockscale_swapab_kernel(a_ptr, b_ptr, as_ptr, bs_ptr, y_ptr, ws_ptr, cn
                              tile, pid_s, False, SPLIT_K, True)
 
 
+@triton.jit
+def _gemv_x_scaled(a_ptr, as_ptr, bs_row, row, K: tl.constexpr, KG: tl.constexpr, offs_g, offs_j, kt,
+                   BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    # Token row `row` of this K tile as (G, 128) fp32 times its group scales As[row, g] * Bs[nb, g]:
+    # one scale per 128-wide group (a value per thread, not per element).
+    g = kt * (BLOCK_K // GROUP_K) + offs_g
+    k = g[:, None] * GROUP_K + offs_j[None, :]
+    if EVEN_K:
+        v = tl.load(a_ptr + row * K + k)
+        s = tl.load(as_ptr + row * KG + g) * tl.load(bs_row + g)
+    else:
+        v = tl.load(a_ptr + row * K + k, mask=k < K, other=0.0)
+        s = tl.load(as_ptr + row * KG + g, mask=g < KG, other=0.0) * tl.load(bs_row + g, mask=g < KG, other=0.0)
+    return v.to(tl.float32) * s[:, None]
+
+
+# N and K are compile-time constants (M is not), as in the dense GEMV (kernels/gemm_gemv.py): one
+# compile per weight shape and config, which a server pays once per layer at warm-up.
+@triton.jit(do_not_specialize=["M"])
+def fp8_blockscale_gemv_kernel(a_ptr, b_ptr, as_ptr, bs_ptr, y_ptr, M, N: tl.constexpr, K: tl.constexpr,
+                               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """GEMV (M = 1): program (n-block, token) computes BLOCK_N outputs of one token row with
+    CUDA-core fp32 products; the weight tile is viewed as (BLOCK_N, BLOCK_K / 128, 128) so each
+    128-wide group's scale product multiplies the token row once. Rows are reduced after the
+    loop (no cross-thread work inside it). BLOCK_N divides 128 (space.static_feasible), so a
+    program's weight rows share one row of Bs; rows past N wrap to n % N and are never stored."""
+    KG: tl.constexpr = (K + GROUP_K - 1) // GROUP_K
+    G: tl.constexpr = BLOCK_K // GROUP_K
+    pid_n = tl.program_id(0)
+    row = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_g = tl.arange(0, G)
+    offs_j = tl.arange(0, GROUP_K)
+    bs_row = bs_ptr + (pid_n * BLOCK_N // GROUP_N) * KG
+    w_rows = b_ptr + (offs_n % N)[:, None, None] * K
+    acc = tl.zeros((BLOCK_N, G, GROUP_K), dtype=tl.float32)
+    for kt in range(0, tl.cdiv(K, BLOCK_K)):
+        k = (kt * G + offs_g)[:, None] * GROUP_K + offs_j[None, :]
+        # The weight is read once: evict-first keeps the token row and scales in cache.
+        if EVEN_K:
+            w = tl.load(w_rows + k[None, :, :], eviction_policy="evict_first")
+        else:
+            w = tl.load(w_rows + k[None, :, :], mask=(k < K)[None, :, :], other=0.0, eviction_policy="evict_first")
+        x = _gemv_x_scaled(a_ptr, as_ptr, bs_row, row, K, KG, offs_g, offs_j, kt, BLOCK_K, EVEN_K)
+        acc += w.to(tl.float32) * x[None, :, :]
+    y = tl.sum(tl.sum(acc, axis=2), axis=1)
+    tl.store(y_ptr + row * N + offs_n, y.to(y_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+def _launch_gemv(cfg: BsGemvConfig, a, b, as_, bs, out):
+    M, K = a.shape
+    N = b.shape[0]
+    # One program column per token row: each re-reads the weight, so the space keeps the GEMV to
+    # M = 1 (space.PROBLEM_RULES); any M is still computed correctly.
+    fp8_blockscale_gemv_kernel[(triton.cdiv(N, cfg.block_n), M)](
+        a, b, as_, bs, out, M, N, K, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=K % cfg.block_k == 0,
+        num_warps=cfg.num_warps, num_stages=1)
+    return out
+
+
 # ----------------------------------------------------------------------------
 # Host
 # ----------------------------------------------------------------------------
@@ -207,6 +267,8 @@ def launch(cfg: BlockScaleConfig, a: torch.Tensor, b: torch.Tensor, as_: torch.T
         out = torch.empty((M, N), dtype=OUT_TORCH_DTYPES[dtype_name(a)], device=a.device)
     if isinstance(cfg, VendorConfig):
         return _vendor(a, b, as_, bs, out)
+    if isinstance(cfg, BsGemvConfig):
+        return _launch_gemv(cfg, a, b, as_, bs, out)
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     if isinstance(cfg, BsSwapABConfig):
         split_k = cfg.split_k

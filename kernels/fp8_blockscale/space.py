@@ -103,15 +103,35 @@ class BsSwapABConfig:
                 f"_s{self.split_k}_w{self.num_warps}s{self.num_stages}")
 
 
+@dataclass(frozen=True)
+class BsGemvConfig:
+    """GEMV for M = 1 (impl.fp8_blockscale_gemv_kernel): CUDA-core products, no MMA; a program owns
+    ``block_n`` weight rows (dividing the 128-row scale block) and streams (block_n, block_k)
+    weight tiles, ``block_k`` a multiple of the 128-wide scale group. Not a vLLM config."""
+
+    block_n: int
+    block_k: int
+    num_warps: int
+    variant: ClassVar[str] = "gemv"
+    # Compiled per weight shape (N and K are constants in the kernel): a precompile must probe
+    # the problem's own N and K (benchmarks/precompile.py), as for the dense op's GEMV.
+    shape_specialised: ClassVar[bool] = True
+
+    @property
+    def id(self) -> str:
+        return f"bsgemv_n{self.block_n}k{self.block_k}_w{self.num_warps}"
+
+
 # The vendor candidate is the dense op's VendorConfig (id "cublas"): torch._scaled_mm with
 # cuBLASLt's blockwise 1x128 (A) / 128x128 (B) scaling (impl._vendor).
-BlockScaleConfig = Union[BsTiledConfig, BsSplitKConfig, BsSwapABConfig, VendorConfig]
-VARIANTS = {c.variant: c for c in (BsTiledConfig, BsSplitKConfig, BsSwapABConfig, VendorConfig)}
+BlockScaleConfig = Union[BsTiledConfig, BsSplitKConfig, BsSwapABConfig, BsGemvConfig, VendorConfig]
+VARIANTS = {c.variant: c for c in (BsTiledConfig, BsSplitKConfig, BsSwapABConfig, BsGemvConfig, VendorConfig)}
 
 _ID_RE = {
     "tiled": re.compile(r"^bstiled_m(\d+)n(\d+)k(\d+)_g(\d+)_w(\d+)s(\d+)$"),
     "splitk": re.compile(r"^bssplitk_m(\d+)n(\d+)k(\d+)_s(\d+)_w(\d+)s(\d+)$"),
     "swapab": re.compile(r"^bsswapab_m(\d+)n(\d+)k(\d+)_s(\d+)_w(\d+)s(\d+)$"),
+    "gemv": re.compile(r"^bsgemv_n(\d+)k(\d+)_w(\d+)$"),
 }
 
 
@@ -130,6 +150,9 @@ def config_params(cfg: BlockScaleConfig) -> dict:
         return out
     if isinstance(cfg, BsTiledConfig):
         out["split_k"] = 1
+    elif isinstance(cfg, BsGemvConfig):
+        # One token row, no split, no software pipeline (the dense GEMV's uniform view).
+        out.update(block_m=1, group_m=1, split_k=1, num_stages=1)
     else:
         out["group_m"] = 1
     return out
@@ -186,6 +209,11 @@ _SPLITK_GRID = dict(block_m=(16, 32, 64), block_n=(32, 64, 128), block_k=(128,),
 # over 128 rows on the H100); K tiles of 64 or 128 (both divide the scale group).
 _SWAPAB_GRID = dict(block_m=(16, 32, 64), block_n=(64,), block_k=(64, 128), split_k=(1, 2, 4, 8),
                     warps_stages=((4, 3), (4, 4), (4, 6)))
+# GEMV (M = 1), from benchmarks/explore/fp8bs_gemv.py (benchmarks/results/fp8_blockscale/gemv/):
+# on 10 DeepSeek-V3 weights at M = 1 its best config was 1.00-1.26x faster than the space's best
+# (geomean 1.10x), with 1-8 rows by 512-2048 of K and 4 or 8 warps winning; no split of K won.
+# A 2-row version lost every M = 2 weight to the MMA configs (0.69-0.98x), so M = 1 only.
+_GEMV_GRID = dict(block_n=(1, 2, 4, 8), block_k=(512, 1024, 2048), num_warps=(4, 8))
 
 
 def _warps_for(block_m: int, block_n: int) -> int:
@@ -207,6 +235,8 @@ def _enumerate() -> list[BlockScaleConfig]:
     for bm, bn, bk, sk in itertools.product(g["block_m"], g["block_n"], g["block_k"], g["split_k"]):
         for w, s in g["warps_stages"]:
             out.append(BsSwapABConfig(bm, bn, bk, sk, w, s))
+    g = _GEMV_GRID
+    out += [BsGemvConfig(*t) for t in itertools.product(g["block_n"], g["block_k"], g["num_warps"])]
     return list(dict.fromkeys(out))
 
 
@@ -214,8 +244,8 @@ def _enumerate() -> list[BlockScaleConfig]:
 
 def smem_bytes(cfg: BlockScaleConfig, dtype: str) -> int:
     """Shared memory of the pipelined A and B tiles (the scales are a few bytes per stage)."""
-    if isinstance(cfg, VendorConfig):
-        return 0
+    if isinstance(cfg, (VendorConfig, BsGemvConfig)):
+        return 0  # the GEMV keeps its tiles in registers
     return cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * DTYPE_BYTES[dtype]
 
 
@@ -225,6 +255,12 @@ def static_feasible(cfg: BlockScaleConfig, arch: ArchSpec, dtype: str) -> tuple[
         # cuBLASLt's blockwise scaling is fp8-only (the fp16/fp32 interpreter dtypes have none).
         if dtype != "fp8":
             return False, "the vendor candidate (blockwise torch._scaled_mm) is fp8-only"
+        return True, ""
+    if isinstance(cfg, BsGemvConfig):
+        if cfg.block_n <= 0 or GROUP_N % cfg.block_n:
+            return False, f"GEMV block_n {cfg.block_n} must divide the scale block {GROUP_N} (one Bs row per program)"
+        if cfg.block_k <= 0 or cfg.block_k % GROUP_K or cfg.block_k & (cfg.block_k - 1):
+            return False, f"GEMV block_k {cfg.block_k} must be a power-of-two multiple of the scale group {GROUP_K}"
         return True, ""
     if cfg.block_k <= 0 or GROUP_K % cfg.block_k:
         return False, f"BLOCK_SIZE_K {cfg.block_k} must divide the scale group {GROUP_K} (one As/Bs column per K tile)"
@@ -251,6 +287,9 @@ def generate_configs(arch: str = "sm90", dtype: str = "fp8", include_vendor: boo
     return [c for c in out if static_feasible(c, spec, dtype)[0]]
 
 
+# Largest M the GEMV runs at (a problem rule).
+GEMV_MAX_M = 1
+
 # Where cuBLASLt's blockwise scaling runs (VENDOR_RULE below).
 VENDOR_M_MULTIPLE = 4
 VENDOR_K_MULTIPLE = 4 * GROUP_K
@@ -271,6 +310,7 @@ class ConfigArrays:
         self.splitk = variants == "splitk"
         self.swapab = variants == "swapab"
         self.vendor = variants == "vendor"
+        self.gemv = variants == "gemv"
         self.params = param_arrays(configs, config_params, PARAM_NAMES)
         self.block_k = np.maximum(self.params["block_k"], 1)
         # Programs that sum K slices (split-K, or swap-AB with split_k > 1).
@@ -292,6 +332,10 @@ PROBLEM_RULES = (
     (lambda p: p.m > SWAPAB_MAX_M,
      lambda a, p: a.swapab,
      lambda p, c: f"swap-AB is a decode kernel: M={p.m} > {SWAPAB_MAX_M}"),
+    # Each token row re-reads the weight: past M = 1 the MMA configs win (_GEMV_GRID above).
+    (lambda p: p.m > GEMV_MAX_M,
+     lambda a, p: a.gemv,
+     lambda p, c: f"the GEMV is for M <= {GEMV_MAX_M}, got M={p.m}"),
     # One tile column covers every token: the one token count that covers M.
     (lambda p: True,
      lambda a, p: a.swapab_mismatch[swapab_tokens(p.m)],
