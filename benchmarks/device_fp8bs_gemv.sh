@@ -22,6 +22,8 @@ if driver_needed "$run" "$run/done"; then
         run='"$run"'; res='"$res"'
         bench() { python3 -m gemm_costmodel.cli bench --op fp8_blockscale --dtype fp8 --out $run --quiet "$@"; }
         bench --suite gate --mode variant:gemv --name gate-fp8bsgemv-h100 &&
+        # A gate row that is not ok stops the driver: the sweeps would record the same failure.
+        python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; bad=[x for x in r if x[\"status\"]!=\"ok\"]; print(len(r),\"gate rows,\",len(bad),\"not ok\",file=sys.stderr); sys.exit(bool(bad) or not r)" $run/gate-fp8bsgemv-h100-shard00of01.jsonl &&
         bench --suite eval --mode all --only $res/gemv_eval_shapes.csv --name fp8bs-evalgemv-h100 &&
         bench --suite train --mode variant:gemv --only $res/gemv_train_shapes.csv --name fp8bs-traingemv-h100 &&
         touch $run/done' >"$run/driver.out" 2>"$run/driver.err" &

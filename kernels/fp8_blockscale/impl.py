@@ -137,7 +137,7 @@ def fp8_blockscale_swapab_kernel(a_ptr, b_ptr, as_ptr, bs_ptr, y_ptr, ws_ptr, cn
 
 @triton.jit
 def _gemv_x_scaled(a_ptr, as_ptr, bs_row, row, K: tl.constexpr, KG: tl.constexpr, offs_g, offs_j, kt,
-                   BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+                   BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, GROUP_K: tl.constexpr):
     # Token row `row` of this K tile as (G, 128) fp32 times its group scales As[row, g] * Bs[nb, g]:
     # one scale per 128-wide group (a value per thread, not per element).
     g = kt * (BLOCK_K // GROUP_K) + offs_g
@@ -155,7 +155,8 @@ def _gemv_x_scaled(a_ptr, as_ptr, bs_row, row, K: tl.constexpr, KG: tl.constexpr
 # compile per weight shape and config, which a server pays once per layer at warm-up.
 @triton.jit(do_not_specialize=["M"])
 def fp8_blockscale_gemv_kernel(a_ptr, b_ptr, as_ptr, bs_ptr, y_ptr, M, N: tl.constexpr, K: tl.constexpr,
-                               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+                               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                               GROUP_N: tl.constexpr, GROUP_K: tl.constexpr):
     """GEMV (M = 1): program (n-block, token) computes BLOCK_N outputs of one token row with
     CUDA-core fp32 products; the weight tile is viewed as (BLOCK_N, BLOCK_K / 128, 128) so each
     128-wide group's scale product multiplies the token row once. Rows are reduced after the
@@ -178,7 +179,7 @@ def fp8_blockscale_gemv_kernel(a_ptr, b_ptr, as_ptr, bs_ptr, y_ptr, M, N: tl.con
             w = tl.load(w_rows + k[None, :, :], eviction_policy="evict_first")
         else:
             w = tl.load(w_rows + k[None, :, :], mask=(k < K)[None, :, :], other=0.0, eviction_policy="evict_first")
-        x = _gemv_x_scaled(a_ptr, as_ptr, bs_row, row, K, KG, offs_g, offs_j, kt, BLOCK_K, EVEN_K)
+        x = _gemv_x_scaled(a_ptr, as_ptr, bs_row, row, K, KG, offs_g, offs_j, kt, BLOCK_K, EVEN_K, GROUP_K)
         acc += w.to(tl.float32) * x[None, :, :]
     y = tl.sum(tl.sum(acc, axis=2), axis=1)
     tl.store(y_ptr + row * N + offs_n, y.to(y_ptr.dtype.element_ty), mask=offs_n < N)
@@ -191,7 +192,7 @@ def _launch_gemv(cfg: BsGemvConfig, a, b, as_, bs, out):
     # M = 1 (space.PROBLEM_RULES); any M is still computed correctly.
     fp8_blockscale_gemv_kernel[(triton.cdiv(N, cfg.block_n), M)](
         a, b, as_, bs, out, M, N, K, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=K % cfg.block_k == 0,
-        num_warps=cfg.num_warps, num_stages=1)
+        GROUP_N=GROUP_N, GROUP_K=GROUP_K, num_warps=cfg.num_warps, num_stages=1)
     return out
 
 
