@@ -212,7 +212,7 @@ _SWAPAB_GRID = dict(block_m=(16, 32, 64), block_n=(64,), block_k=(64, 128), spli
 # GEMV (M = 1), from benchmarks/explore/fp8bs_gemv.py (benchmarks/results/fp8_blockscale/gemv/):
 # on 10 DeepSeek-V3 weights at M = 1 its best config was 1.00-1.26x faster than the space's best
 # (geomean 1.10x), with 1-8 rows by 512-2048 of K and 4 or 8 warps winning; no split of K won.
-# A 2-row version lost every M = 2 weight to the MMA configs (0.69-0.98x), so M = 1 only.
+# A 2-row version lost all 10 of those weights at M = 2 to the MMA configs (0.69-0.98x): M = 1 only.
 _GEMV_GRID = dict(block_n=(1, 2, 4, 8), block_k=(512, 1024, 2048), num_warps=(4, 8))
 
 
