@@ -20,7 +20,7 @@ NAME = re.compile(r"(?P<sweep>.+)-shard(?P<i>\d+)of(?P<n>\d+)\.jsonl\.gz$")
 # Variants added to the space after the first shards were measured: an older shard of
 # an affected shape misses them, and a rerun would measure exactly those.
 LATER_VARIANTS = {"gemm": tuple(sorted(set(VARIANTS) - set(H.SAMPLE_BASE_VARIANTS) - {"vendor"})),
-                  "moe": ("swapab",)}
+                  "moe": ("swapab",), "fp8_blockscale": ("gemv",)}
 
 
 def _mode(name: str) -> str:
