@@ -273,9 +273,11 @@ def test_cli_training_config_takes_rank_step_from_the_op_then_the_command_line()
                                 rank_step=rank_step)
         return _train_config(ns)
 
-    # The dense and MoE ops grade in 1% steps (registry train_defaults); fp8_blockscale keeps the default.
+    # Every registered op grades in 1% steps (registry train_defaults); TrainConfig's own default,
+    # for an op that sets none, stays 3%.
     assert cfg("gemm").rank_step == 1.01 and cfg("moe").rank_step == 1.01
-    assert cfg("fp8_blockscale").rank_step == 1.03
+    assert cfg("fp8_blockscale").rank_step == 1.01
+    assert TrainConfig().rank_step == 1.03
     assert cfg("gemm", rank_step=1.02).rank_step == 1.02
     with pytest.raises(ValueError, match="rank_step must be in"):
         cfg("gemm", rank_step=1.0)
