@@ -4,8 +4,8 @@
 #   1. the correctness gate, the GEMV configs on the gate's odd shapes (gate-fp8bsgemv-h100);
 #   2. the evaluation shapes with M = 1 (benchmarks/results/fp8_blockscale/gemv_eval_shapes.csv),
 #      every candidate in one run per shape (fp8bs-evalgemv-h100), so their oracle includes it;
-#   3. the training shapes with M = 1 (gemv_train_shapes.csv), the GEMV configs and the vendor
-#      (fp8bs-traingemv-h100; the dense op's variant: scheme).
+#   3. the training shapes with M = 1 (gemv_train_shapes.csv), the GEMV configs (fp8bs-traingemv-h100;
+#      the dense op's variant: scheme; the vendor does not run at M = 1, so no row anchors the runs).
 # It outlives the call that started it; each call watches it for up to WAIT seconds and copies the
 # gzipped shards to OUT. A fresh machine resumes from the shards committed under datasets/raw/.
 #

@@ -186,6 +186,12 @@ def test_pick_without_a_tiled_config_is_vllms_default():
     assert V.pick(d, 4, 3072, 5120) == (S.vllm_default(), "default")
 
 
+def test_pick_passes_over_a_gemv_pick_at_m1():
+    # The M = 1 GEMV is no vLLM config: its entry is the best-ranked tiled config after it.
+    d = _StubDispatcher(["bsgemv_n4k1024_w4", "bsswapab_m16n64k128_s2_w4s3", "bstiled_m16n64k128_g1_w4s4"])
+    assert V.pick(d, 1, 7168, 2048) == (S.config_from_id("bstiled_m16n64k128_g1_w4s4"), "model")
+
+
 def test_sidecar_keeps_earlier_exports(tmp_path, models_dir, capsys):
     out = tmp_path / "o"
     for pair in ("256,7168", "512,1024"):

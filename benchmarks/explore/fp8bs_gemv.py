@@ -31,24 +31,11 @@ import torch
 import triton
 import triton.language as tl
 
-GROUP = 128
+# The adopted kernel's scaled token-row loader (kernels/fp8_blockscale/impl.py) and the dense
+# GEMV's per-row store and split-K reduction (kernels/gemm_gemv.py: no per-tensor scale here).
+from gemm_costmodel.kernels.fp8_blockscale.impl import _gemv_x_scaled
+from gemm_costmodel.kernels.gemm_gemv import _reduce_row, _store_row
 
-
-@triton.jit
-def _x_scaled(x_ptr, as_ptr, bs_row, r0, r: tl.constexpr, M, K: tl.constexpr, KG: tl.constexpr,
-              offs_g, offs_j, kt, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    # Token row r0 + r (row M-1 again past M: never stored) of this K tile as (G, 128) fp32,
-    # times its group scales As[row, g] * Bs[n-block, g].
-    row = tl.minimum(r0 + r, M - 1)
-    g = kt * (BLOCK_K // 128) + offs_g
-    k = g[:, None] * 128 + offs_j[None, :]
-    if EVEN_K:
-        v = tl.load(x_ptr + row * K + k)
-        s = tl.load(as_ptr + row * KG + g) * tl.load(bs_row + g)
-    else:
-        v = tl.load(x_ptr + row * K + k, mask=k < K, other=0.0)
-        s = tl.load(as_ptr + row * KG + g, mask=g < KG, other=0.0) * tl.load(bs_row + g, mask=g < KG, other=0.0)
-    return v.to(tl.float32) * s[:, None]
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -80,44 +67,26 @@ def bs_gemv_kernel(x_ptr, w_ptr, as_ptr, bs_ptr, y_ptr, ws_ptr, cnt_ptr, M, N: t
         else:
             w = tl.load(w_rows + k[None, :, :], mask=(k < K)[None, :, :], other=0.0,
                         eviction_policy="evict_first").to(tl.float32)
-        acc0 += w * _x_scaled(x_ptr, as_ptr, bs_row, r0, 0, M, K, KG, offs_g, offs_j, kt, BLOCK_K, EVEN_K)[None, :, :]
+        acc0 += w * _gemv_x_scaled(x_ptr, as_ptr, bs_row, r0, K, KG, offs_g, offs_j, kt, BLOCK_K, EVEN_K,
+                                   128)[None, :, :]
         if ROWS > 1:
-            acc1 += w * _x_scaled(x_ptr, as_ptr, bs_row, r0, 1, M, K, KG, offs_g, offs_j, kt, BLOCK_K,
-                                  EVEN_K)[None, :, :]
-    _store(tl.sum(acc0, axis=2), r0, 0, y_ptr, ws_ptr, M, N, offs_n, pid_s, SPLIT_K)
+            # Row r0 + 1, or row M-1 again past M (its result is never stored).
+            acc1 += w * _gemv_x_scaled(x_ptr, as_ptr, bs_row, tl.minimum(r0 + 1, M - 1), K, KG, offs_g, offs_j, kt,
+                                       BLOCK_K, EVEN_K, 128)[None, :, :]
+    _store_row(tl.sum(acc0, axis=2), r0, 0, y_ptr, ws_ptr, ws_ptr, ws_ptr, M, N, N, offs_n, pid_s, False, SPLIT_K)
     if ROWS > 1:
-        _store(tl.sum(acc1, axis=2), r0, 1, y_ptr, ws_ptr, M, N, offs_n, pid_s, SPLIT_K)
+        _store_row(tl.sum(acc1, axis=2), r0, 1, y_ptr, ws_ptr, ws_ptr, ws_ptr, M, N, N, offs_n, pid_s, False,
+                   SPLIT_K)
     if SPLIT_K > 1:
         tl.debug_barrier()
         tile = tl.program_id(2) * tl.num_programs(0) + pid_n
         arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
         if arrived == SPLIT_K - 1:
             tl.debug_barrier()
-            _reduce(r0, 0, y_ptr, ws_ptr, M, N, offs_n, SPLIT_K)
+            _reduce_row(r0, 0, y_ptr, ws_ptr, ws_ptr, ws_ptr, M, N, N, offs_n, False, SPLIT_K)
             if ROWS > 1:
-                _reduce(r0, 1, y_ptr, ws_ptr, M, N, offs_n, SPLIT_K)
+                _reduce_row(r0, 1, y_ptr, ws_ptr, ws_ptr, ws_ptr, M, N, N, offs_n, False, SPLIT_K)
             tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def _store(acc2, r0, r: tl.constexpr, y_ptr, ws_ptr, M, N: tl.constexpr, offs_n, pid_s, SPLIT_K: tl.constexpr):
-    yr = tl.sum(acc2, axis=1)
-    row = r0 + r
-    mask = (offs_n < N) & (offs_n * 0 + row < M)
-    if SPLIT_K == 1:
-        tl.store(y_ptr + row * N + offs_n, yr.to(y_ptr.dtype.element_ty), mask=mask)
-    else:
-        tl.store(ws_ptr + pid_s * M * N + row * N + offs_n, yr, mask=mask)
-
-
-@triton.jit
-def _reduce(r0, r: tl.constexpr, y_ptr, ws_ptr, M, N: tl.constexpr, offs_n, SPLIT_K: tl.constexpr):
-    row = r0 + r
-    mask = (offs_n < N) & (offs_n * 0 + row < M)
-    out = tl.zeros(offs_n.shape, dtype=tl.float32)
-    for s in tl.static_range(SPLIT_K):
-        out += tl.load(ws_ptr + s * M * N + row * N + offs_n, mask=mask, other=0.0, cache_modifier=".cg")
-    tl.store(y_ptr + row * N + offs_n, out.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 # (BLOCK_N, BLOCK_K, SPLIT_K, num_warps)
