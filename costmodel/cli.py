@@ -262,7 +262,7 @@ def _load_frame(args):
     from gemm_costmodel.learning.pipeline import load_training_frame
 
     return load_training_frame(args.data or None, root=args.root, dtypes=args.dtype, arch=args.arch,
-                               gpus=args.gpu, op=args.op)
+                               gpus=args.gpu, op=args.op, log=lambda msg: print(msg, file=sys.stderr))
 
 
 def _config_and_frame(args):

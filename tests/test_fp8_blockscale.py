@@ -87,6 +87,14 @@ def test_gemv_feasibility():
     assert "must divide the scale block 128" in S.check_feasible(S.BsGemvConfig(3, 512, 4), one)[1]
     assert "power-of-two multiple" in S.check_feasible(S.BsGemvConfig(4, 384, 4), one)[1]
     assert "power-of-two multiple" in S.check_feasible(S.BsGemvConfig(4, 64, 4), one)[1]
+    # The K tile is at most 2x K: at K = 512 the 2048-wide tiles go, at K = 128 every GEMV does.
+    short = S.Problem(1, 32768, 512, "fp8")
+    assert {c.block_k for c in gemv if S.check_feasible(c, short)[0]} == {512, 1024}
+    assert S.check_feasible(S.BsGemvConfig(2, 2048, 4), short)[1] == "GEMV block_k=2048 is over 2x K=512"
+    tiny = S.Problem(1, 7168, 128, "fp8")
+    assert not any(S.check_feasible(c, tiny)[0] for c in gemv)
+    assert any(c.variant == "swapab" for c in S.feasible_configs(tiny))
+    assert {c.block_k for c in gemv if S.check_feasible(c, S.Problem(1, 7168, 256, "fp8"))[0]} == {512}
     assert S.config_params(gemv[0]) == dict(block_m=1, block_n=1, block_k=512, group_m=1, split_k=1,
                                             num_warps=4, num_stages=1)
 

@@ -140,6 +140,27 @@ def test_shipped_fp8_blockscale_data_is_complete():
 H100 = "NVIDIA H100 80GB HBM3"
 
 
+def test_out_of_space_rows_are_skipped_by_their_problem():
+    """A row is skipped when its candidate is outside the space for its own problem: the same GEMV
+    config runs at K = 2048 and is ruled out at K = 512 (tile > 2x K); an unknown id is skipped;
+    the space's rules do not touch another op's frame."""
+    from gemm_costmodel.data import dataset as D
+
+    rows = [(1, 4096, 2048, "bsgemv_n2k2048_w4"), (1, 4096, 512, "bsgemv_n2k2048_w4"),
+            (1, 4096, 512, "bsgemv_n2k1024_w4"), (1, 4096, 512, "bsgemv_n2k4096_w4"),
+            (64, 4096, 512, "bsgemv_n2k512_w4"), (64, 4096, 512, S.vllm_default().id)]
+    df = pd.DataFrame(rows, columns=["m", "n", "k", "candidate"]).assign(dtype="fp8")
+    assert D.out_of_space(df, "fp8_blockscale", "sm90").tolist() == [False, True, False, True, True, False]
+    # The shipped data: only the 160 ok GEMV rows with a tile over 2x K (K = 128 to 896, measured
+    # before the rule) and the 4 failed vendor rows the vendor rule came from are skipped.
+    from gemm_costmodel.learning.pipeline import load_training_frame
+
+    said = []
+    load_training_frame(op="fp8_blockscale", log=said.append)
+    assert said == ["data: 164 rows of candidates the fp8_blockscale space now rules out skipped "
+                    "(ok 160, wrong 2, unsupported 2)"]
+
+
 def test_shipped_fp8_blockscale_model_serves_the_op():
     import os
 

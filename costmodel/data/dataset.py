@@ -445,6 +445,41 @@ def demote_incomplete_eval_shapes(df: pd.DataFrame) -> tuple[pd.DataFrame, list[
     return df, demoted
 
 
+def out_of_space(df: pd.DataFrame, op: str, arch: str) -> np.ndarray:
+    """Boolean array over ``df``'s rows (all of one op and arch): the rows whose candidate the op's
+    current space does not offer for the row's problem (an id it no longer generates, or a
+    problem rule added after the row was measured). Such a row stays in the raw shards as the
+    record of what ran; training and evaluation skip it, so the oracle and the model rank the
+    same candidates the runtime does."""
+    from gemm_costmodel import registry
+
+    spec = registry.get(op)
+    S = spec.space_module()
+    fields = list(spec.problem_fields)
+    bad = np.zeros(len(df), dtype=bool)
+    dtypes = df["dtype"].astype(str).to_numpy()
+    for dtype in np.unique(dtypes):
+        sel = dtypes == dtype
+        d = df.loc[sel, fields + ["candidate"]]
+        try:
+            configs = S.generate_configs(arch, str(dtype))
+        except ValueError:
+            continue  # no generated space for this (arch, dtype): nothing to compare with
+        arrays = S.ConfigArrays(configs)
+        index = {c.id: i for i, c in enumerate(configs)}
+        cidx = d["candidate"].astype(str).map(index).to_numpy(dtype=float)
+        # ngroup(sort=False) numbers problems in order of first appearance, the order in which
+        # drop_duplicates keeps them: row i of masks is problem code i.
+        code = d.groupby(fields, observed=True, sort=False).ngroup().to_numpy()
+        problems = d.drop_duplicates(fields)[fields].to_dict("records")
+        masks = np.stack([S.problem_mask(arrays, spec.problem_of(r)) for r in problems])
+        known = ~np.isnan(cidx)
+        ok = np.zeros(len(d), dtype=bool)
+        ok[known] = masks[code[known], cidx[known].astype(int)]
+        bad[np.flatnonzero(sel)] = ~ok
+    return bad
+
+
 def build_rules(df: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple], list[tuple]]:
     """What ``build_parquet`` does to a shard's rows before writing them: out-of-memory rows that a
     later row replaced dropped, then evaluation shapes with an out-of-memory row and incomplete

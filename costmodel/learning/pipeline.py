@@ -29,8 +29,10 @@ def _print(msg: str) -> None:
 
 
 def load_training_frame(paths=None, root: str = "datasets", dtypes=None, arch: str = "sm90",
-                        gpus=None, op: str = "gemm") -> pd.DataFrame:
-    """Harness rows of one op and arch (optionally some dtypes / GPUs), validated. Raises DataError."""
+                        gpus=None, op: str = "gemm", log: Log | None = None) -> pd.DataFrame:
+    """Harness rows of one op and arch (optionally some dtypes / GPUs), validated, without the rows
+    of candidates the current space rules out (``dataset.out_of_space``; ``log`` hears how many).
+    Raises DataError."""
     registry.get(op)
     df = D.load_dataset(paths, root=root)
     keep = (df["op"] == op) & (df["source"] == "harness") & (df["arch"].astype(str) == arch)
@@ -39,6 +41,14 @@ def load_training_frame(paths=None, root: str = "datasets", dtypes=None, arch: s
     if gpus:
         keep &= df["gpu_name"].astype(str).isin(list(gpus))
     out = df[keep]
+    if not out.empty:
+        gone = D.out_of_space(out, op, arch)
+        if gone.any():
+            if log is not None:
+                counts = out.loc[gone, "status"].astype(str).value_counts()
+                log(f"data: {int(gone.sum())} rows of candidates the {op} space now rules out skipped ("
+                    + ", ".join(f"{s} {n}" for s, n in counts.items()) + ")")
+            out = out[~gone]
     if out.empty:
         raise D.DataError(f"no {op} harness rows for arch {arch}"
                           + (f", dtypes {', '.join(dtypes)}" if dtypes else "")
