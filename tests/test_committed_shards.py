@@ -20,7 +20,7 @@ NAME = re.compile(r"(?P<sweep>.+)-shard(?P<i>\d+)of(?P<n>\d+)\.jsonl\.gz$")
 # Variants added to the space after the first shards were measured: an older shard of
 # an affected shape misses them, and a rerun would measure exactly those.
 LATER_VARIANTS = {"gemm": tuple(sorted(set(VARIANTS) - set(H.SAMPLE_BASE_VARIANTS) - {"vendor"})),
-                  "moe": ("swapab",), "fp8_blockscale": ("gemv",)}
+                  "moe": ("swapab", "gemv"), "fp8_blockscale": ("gemv",)}
 
 
 def _mode(name: str) -> str:
@@ -39,6 +39,9 @@ def _mode(name: str) -> str:
     # MoE swap-AB rows (benchmarks/device_moe_swapab.sh) on training shapes measured before it.
     if name.startswith("moe-trainswapab-"):
         return "variant:swapab"
+    # MoE GEMV rows (benchmarks/device_moe_gemv.sh): its configs on the training and gate shapes.
+    if name.startswith(("moe-traingemv-", "gate-moegemv-")):
+        return "variant:gemv"
     # The block-scale GEMV's rows on training shapes measured before it (benchmarks/device_fp8bs_gemv.sh).
     if name.startswith("fp8bs-traingemv-"):
         return "variant:gemv"

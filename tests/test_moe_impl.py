@@ -171,6 +171,57 @@ def test_swapab_one_token_empty_experts_top1_and_skew(stage, n, k):
     _check_stage(ops, SWAP, "fp16")
 
 
+# The GEMV has no tl.dot, so the interpreter computes bf16 correctly too.
+GEMV = [S.MoeGemvConfig(1, 256, 4), S.MoeGemvConfig(4, 256, 8), S.MoeGemvConfig(8, 512, 8)]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("stage, n, k", [("gate_up", 2 * 40, 300), ("down", 72, 40)])
+def test_gemv_equals_reference(stage, n, k, dtype):
+    """K below and above the K tile (masked tails), N not a multiple of the column block; M = 1
+    with 6 of 8 experts empty, top_k 1, 64 experts at M = 4, and M = 7 (outside the space's rule,
+    still correct)."""
+    for m, e, top_k, seed in ((1, 8, 2, 5), (3, 8, 1, 6), (4, 64, 6, 7), (7, 16, 4, 8)):
+        _check_stage(_operands(stage, m, n, k, e, top_k, dtype, seed=seed), GEMV, dtype)
+
+
+@pytest.mark.parametrize("stage, n, k", [("gate_up", 2 * 24, 512), ("down", 48, 256)])
+def test_gemv_even_k_skew_and_512_experts(stage, n, k):
+    ops = I.make_operands(S.Problem(4, n, k, "fp16", 64, 4, stage, "zipf"), "cpu", torch.Generator().manual_seed(7))
+    _check_stage(ops, GEMV, "fp16")
+    ops = I.make_operands(S.Problem(2, n, k, "fp32", 512, 8, stage, "zipf"), "cpu", torch.Generator().manual_seed(9))
+    _check_stage(ops, GEMV[:2], "fp32")
+
+
+@pytest.mark.parametrize("stage, n, k", [("gate_up", 2 * 24, 300), ("down", 40, 300)])
+def test_gemv_fp8_scales_and_inline_quantisation(stage, n, k):
+    """fp8 weights with per-expert scales; gate_up takes fp8 activations, down bf16 ones that it
+    quantises as it loads them. The activations sit on the fp8 grid times the scale, so the
+    interpreter's fp8 rounding (not the GPU's round-to-nearest-even) cannot differ from
+    quantize_fp8's: the result matches the reference to fp32 rounding."""
+    ops = I.make_operands(S.Problem(3, n, k, "fp8", 8, 2, stage), "cpu", torch.Generator().manual_seed(11))
+    if stage == "down":
+        assert ops.x.dtype == torch.bfloat16
+        grid = I.quantize_fp8_reference(ops.x, ops.a_scale).float()
+        ops.x = (grid * ops.a_scale).to(torch.bfloat16)
+        assert torch.equal(I.quantize_fp8_reference(ops.x, ops.a_scale).float(), grid)
+    ref = I.reference(ops)
+    for cfg in GEMV[:2]:
+        ops.out.fill_(float("nan"))
+        assert _err(ops.run(cfg), ref) < 5e-3, cfg.id  # the bf16 output's rounding
+
+
+def test_gemv_routing_weights_and_repeat_calls():
+    """down weights each pair inside the GEMV; a second call gives the same result (no scratch)."""
+    ops = _operands("down", 5, 24, 16, 4, 2, "fp32", seed=8)
+    y0 = ops.run(GEMV[1]).clone()
+    assert torch.equal(ops.run(GEMV[1]), y0)
+    ops.topk_weights[2] *= 2
+    y1 = ops.run(GEMV[1])
+    torch.testing.assert_close(y1[2], 2 * y0[2])
+    torch.testing.assert_close(y1[[0, 1, 3, 4]], y0[[0, 1, 3, 4]])
+
+
 def test_swapab_split_sums_slices_and_rejects_foreign_configs():
     """The split's fp32 buffer is zeroed per call: a second call gives the same result, not twice it."""
     ops = _operands("down", 5, 40, 48, 4, 2, "fp32", seed=8)

@@ -71,6 +71,32 @@ def test_vendor_rule_needs_k_multiple_of_8():
     assert not ok and "K divisible by 8" in why
 
 
+def test_gemv_configs_ids_and_problem_rules():
+    """28 GEMV configs (accumulator tiles of at most 4096 fp32 elements per 4 warps); decode only
+    (M <= 4); a K tile over 2x K only at the smallest K tile; ids round-trip; not in vLLM's keys."""
+    gemv = [c for c in S.generate_configs("sm90", "fp8") if c.variant == "gemv"]
+    assert len(gemv) == 28 and all(c.block_n * c.block_k <= 1024 * c.num_warps for c in gemv)
+    assert S.MoeGemvConfig(8, 1024, 8) in gemv and S.MoeGemvConfig(8, 1024, 4) not in gemv
+    cfg = S.MoeGemvConfig(2, 1024, 4)
+    assert cfg.id == "moegemv_n2k1024_w4" and S.config_from_id(cfg.id) == cfg
+    with pytest.raises(ValueError, match="unknown config id"):
+        S.config_from_id("moegemv_n02k1024_w4")
+    assert S.config_params(cfg) == dict(block_m=1, block_n=2, block_k=1024, group_m=0, split_k=1,
+                                        num_warps=4, num_stages=1)
+    assert S.smem_bytes(cfg, "bf16") == 0
+    p = S.Problem(4, 1024, 512, "bf16", 64, 8, "down")
+    assert S.check_feasible(cfg, p) == (True, "")
+    ok, why = S.check_feasible(cfg, S.Problem(5, 1024, 512, "bf16", 64, 8, "down"))
+    assert not ok and "decode variant (M <= 4), got M=5" in why
+    ok, why = S.check_feasible(S.MoeGemvConfig(2, 2048, 4), p)  # 2048 > 2 x 512
+    assert not ok and "block_k=2048 is over 2x K=512" in why
+    small = S.Problem(1, 1024, 40, "bf16", 8, 2, "down")  # the smallest K tile runs any K
+    assert [c.block_k for c in S.feasible_configs(small) if c.variant == "gemv"] == [256] * 8
+    assert S.choose(1, 1024, 512, 132, [dict(variant="gemv", **S.config_params(cfg)),
+                                        dict(variant="tiled", **S.config_params(S.vllm_default(1, 64)))],
+                    e=64, top_k=8) == 1
+
+
 def test_routings_are_deterministic_distinct_and_hand_checked():
     ids = R.topk_ids("balanced", 3, 4, 2)
     assert ids.tolist() == [[0, 1], [2, 3], [0, 1]]

@@ -16,6 +16,9 @@ Candidates:
 - a ``MoeSwapABConfig`` (decode): the same align, then the grouped GEMM with the operands swapped
   (``moe_swapab_kernel``: weight rows on the MMA's M side, a block of sorted pairs on its N side),
   optionally split over K into a zeroed fp32 buffer that silu-and-mul or the sum then read;
+- a ``MoeGemvConfig`` (decode, M <= 4): one launch per stage, no align: CUDA-core dot products
+  of each pair's activation row with its expert's weight rows read straight from topk_ids, the
+  silu-and-mul (gate_up) or the weighted sum over top_k (down) fused (``moe_gemv_*_kernel``);
 - the vendor ``grouped_mm``: the pairs permuted expert-contiguous with torch ops, then
   ``torch._grouped_mm``, then the same silu-and-mul / weighted sum kernels, scattering back.
 
@@ -38,7 +41,7 @@ import triton.language as tl
 
 from ..common import _grouped_tile, zeroed_buffer
 from . import routing as R
-from .space import MAX_EXPERTS, STAGES, MoeSwapABConfig, MoeTiledConfig, Problem, VendorConfig
+from .space import MAX_EXPERTS, STAGES, MoeGemvConfig, MoeSwapABConfig, MoeTiledConfig, Problem, VendorConfig
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
@@ -326,6 +329,135 @@ def moe_swapab_kernel(a_ptr, w_ptr, c_ptr, a_scale_ptr, w_scale_ptr, tw_ptr, sor
         tl.atomic_add(c_ptrs, acc, mask=mask, sem="relaxed")
 
 
+# ----------------------------------------------------------------------------
+# GEMV (decode): no align, no MMA
+# ----------------------------------------------------------------------------
+#
+# At M <= 4 a stage's GEMM reads top_k experts' weights once and does 2 flops per weight element:
+# its floor is those bytes over HBM bandwidth, a few microseconds on small layers. The MMA
+# variants also launch align's two kernels and silu-and-mul or the combine, four launches in a
+# row, which on the H100 left the best tiled or swap-AB config at 0.9-2.6 TB/s at M = 1 (13-17 us
+# on 4-12 MB layers). The GEMV reads each pair's expert straight from topk_ids (no sort, no
+# padding) and fuses the stage's epilogue, so a stage is one launch (fp8 included: it quantises
+# its activations with the static scale as it loads them, to the same fp8 values as
+# quantize_fp8). Each pair re-reads its expert, so it is a decode variant (space.GEMV_MAX_M).
+
+
+@triton.jit
+def _gemv_x(x_ptr, row, stride_x, offs_k, K, a_scale, QUANT_X: tl.constexpr, EVEN_K: tl.constexpr):
+    """Activation row ``row`` at columns offs_k as fp32; QUANT_X: rounded to fp8 with the static
+    scale first (quantize_fp8's values; the scale is applied after the dot)."""
+    if EVEN_K:
+        v = tl.load(x_ptr + row * stride_x + offs_k).to(tl.float32)
+    else:
+        v = tl.load(x_ptr + row * stride_x + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+    if QUANT_X:
+        q = tl.clamp(tl.math.div_rn(v, a_scale + tl.zeros_like(v)), -448.0, 448.0)
+        v = q.to(tl.float8e4nv).to(tl.float32)
+    return v
+
+
+@triton.jit
+def _gemv_w(w_rows, offs_k, K, EVEN_K: tl.constexpr):
+    # The weights are read once: evict-first keeps the activations in cache.
+    if EVEN_K:
+        return tl.load(w_rows + offs_k[None, :], eviction_policy="evict_first").to(tl.float32)
+    return tl.load(w_rows + offs_k[None, :], mask=offs_k[None, :] < K, other=0.0,
+                   eviction_policy="evict_first").to(tl.float32)
+
+
+@triton.jit(do_not_specialize=["num_n", "top_k"])
+def moe_gemv_gate_up_kernel(x_ptr, w_ptr, out_ptr, ids_ptr, a_scale_ptr, w_scale_ptr, I, K, num_n, top_k,
+                            stride_xm, stride_we, stride_wn, stride_om,
+                            HAS_SCALE: tl.constexpr, QUANT_X: tl.constexpr, EVEN_K: tl.constexpr,
+                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Program (pair p, n-block): out[p, n] = silu(g) * u for BLOCK_N columns n of the
+    intermediate, g / u = x[p // top_k] . w[e, n] / w[e, I + n] (e = topk_ids[p]), both in fp32
+    (the fused epilogue never rounds them to the output dtype). Rows past I wrap to row 0 and are
+    never stored. A 1-D grid: pairs x n-blocks can exceed the 65,535 of a second grid axis."""
+    pid = tl.program_id(0)
+    pid_n = pid % num_n
+    p = (pid // num_n).to(tl.int64)
+    e = tl.load(ids_ptr + p).to(tl.int64)
+    t = p // top_k
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = tl.where(offs_n < I, offs_n, 0)
+    g_rows = w_ptr + e * stride_we + rn[:, None] * stride_wn
+    u_rows = g_rows + I * stride_wn
+    a_scale = 1.0
+    if QUANT_X:
+        a_scale = tl.load(a_scale_ptr)
+    acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for kt in range(0, tl.cdiv(K, BLOCK_K)):
+        offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
+        x = _gemv_x(x_ptr, t, stride_xm, offs_k, K, a_scale, QUANT_X, EVEN_K)[None, :]
+        acc_g += _gemv_w(g_rows, offs_k, K, EVEN_K) * x
+        acc_u += _gemv_w(u_rows, offs_k, K, EVEN_K) * x
+    g = tl.sum(acc_g, axis=1)
+    u = tl.sum(acc_u, axis=1)
+    if HAS_SCALE:
+        s = tl.load(a_scale_ptr) * tl.load(w_scale_ptr + e)
+        g = g * s
+        u = u * s
+    y = g * tl.sigmoid(g) * u
+    tl.store(out_ptr + p * stride_om + offs_n, y.to(out_ptr.dtype.element_ty), mask=offs_n < I)
+
+
+@triton.jit(do_not_specialize=["num_n", "top_k"])
+def moe_gemv_down_kernel(x_ptr, w_ptr, out_ptr, ids_ptr, tw_ptr, a_scale_ptr, w_scale_ptr, N, K, num_n, top_k,
+                         stride_xm, stride_we, stride_wn, stride_om,
+                         HAS_SCALE: tl.constexpr, QUANT_X: tl.constexpr, EVEN_K: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Program (token t, n-block): out[t, n] = sum_j tw[t, j] * (x[t * top_k + j] . w[e_j, n]) over
+    the token's top_k experts, the routing weight (and the fp8 scales) folded into the activation
+    row, one fp32 accumulator for all of them: the combine is fused, no atomics, no scratch."""
+    pid = tl.program_id(0)
+    pid_n = pid % num_n
+    t = (pid // num_n).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = tl.where(offs_n < N, offs_n, 0)
+    a_scale = 1.0
+    if QUANT_X:
+        a_scale = tl.load(a_scale_ptr)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for j in range(0, top_k):
+        p = t * top_k + j
+        e = tl.load(ids_ptr + p).to(tl.int64)
+        wt = tl.load(tw_ptr + p).to(tl.float32)
+        if HAS_SCALE:
+            wt = wt * (tl.load(a_scale_ptr) * tl.load(w_scale_ptr + e))
+        w_rows = w_ptr + e * stride_we + rn[:, None] * stride_wn
+        for kt in range(0, tl.cdiv(K, BLOCK_K)):
+            offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
+            x = _gemv_x(x_ptr, p, stride_xm, offs_k, K, a_scale, QUANT_X, EVEN_K) * wt
+            acc += _gemv_w(w_rows, offs_k, K, EVEN_K) * x[None, :]
+    y = tl.sum(acc, axis=1)
+    tl.store(out_ptr + t * stride_om + offs_n, y.to(out_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+def _launch_gemv(cfg: MoeGemvConfig, stage: str, x, w, topk_weights, topk_ids, out, a_scale, w_scale, fp8: bool):
+    E, N, K = w.shape
+    top_k = topk_ids.shape[1]
+    ids = topk_ids.reshape(-1)
+    quant = fp8 and x.dtype != torch.float8_e4m3fn
+    scales = (a_scale if fp8 else x, w_scale if fp8 else x)
+    common = dict(HAS_SCALE=fp8, QUANT_X=quant, EVEN_K=K % cfg.block_k == 0, BLOCK_N=cfg.block_n,
+                  BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=1)
+    if stage == "gate_up":
+        i = N // 2
+        num_n = triton.cdiv(i, cfg.block_n)
+        moe_gemv_gate_up_kernel[(num_n * ids.numel(),)](
+            x, w, out, ids, *scales, i, K, num_n, top_k, x.stride(0), w.stride(0), w.stride(1), out.stride(0),
+            **common)
+    else:
+        num_n = triton.cdiv(N, cfg.block_n)
+        moe_gemv_down_kernel[(num_n * topk_ids.shape[0],)](
+            x, w, out, ids, topk_weights, *scales, N, K, num_n, top_k, x.stride(0), w.stride(0), w.stride(1),
+            out.stride(0), **common)
+    return out
+
+
 @triton.jit
 def _silu_mul_kernel(x_ptr, y_ptr, map_ptr, I, stride_x, stride_y, HAS_MAP: tl.constexpr, BLOCK: tl.constexpr):
     """y[dst, :] = silu(x[r, :I]) * x[r, I:2I] in fp32, dst = map[r] (the vendor's scatter back to
@@ -497,6 +629,8 @@ def launch(cfg, stage: str, x: torch.Tensor, w: torch.Tensor, topk_weights: torc
     if out is None:
         out = torch.empty(output_shape(stage, x, w, topk_ids), dtype=OUT_TORCH_DTYPES[wname], device=x.device)
     fp8 = wname == "fp8"
+    if isinstance(cfg, MoeGemvConfig):
+        return _launch_gemv(cfg, stage, x, w, topk_weights, topk_ids, out, a_scale, w_scale, fp8)
     if fp8 and x.dtype != torch.float8_e4m3fn:
         x = quantize_fp8(x, a_scale)
     if isinstance(cfg, VendorConfig):

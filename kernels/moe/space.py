@@ -26,6 +26,9 @@ Candidates (the same module interface as ``kernels/gemm_configs.py``):
   config: it never enters a vLLM export. Measured on the H100 before it joined
   (``benchmarks/explore/moe_swapab.py``, ``benchmarks/results/moe/swapab/``): fastest on 55 of
   the 64 fp8 and 25 of the 64 bf16 held-out decode shapes.
+- ``gemv`` (``MoeGemvConfig``, M <= GEMV_MAX_M): a CUDA-core GEMV per token-expert pair, its
+  expert read from topk_ids (no align, no padding), the stage's epilogue fused: one launch per
+  stage where the MMA variants take four. Not a vLLM config.
 - ``vendor`` (``grouped_mm``): ``torch._grouped_mm`` (bf16, sm90) over the expert-contiguous
   layout, its permutation of the rows counted in its time.
 
@@ -134,11 +137,28 @@ class MoeSwapABConfig:
                 f"_s{self.split_k}_w{self.num_warps}s{self.num_stages}")
 
 
+@dataclass(frozen=True)
+class MoeGemvConfig:
+    """The decode GEMV (impl.moe_gemv_*_kernel): a program owns ``block_n`` output columns of one
+    pair (gate_up: its gate and up rows) or of one token (down: summing its top_k pairs), streaming
+    (block_n, block_k) weight tiles into fp32 accumulators reduced after the loop."""
+
+    block_n: int
+    block_k: int
+    num_warps: int
+    variant: ClassVar[str] = "gemv"
+
+    @property
+    def id(self) -> str:
+        return f"moegemv_n{self.block_n}k{self.block_k}_w{self.num_warps}"
+
+
 VENDOR = VendorConfig("grouped_mm")
-MoeConfig = Union[MoeTiledConfig, MoeSwapABConfig, VendorConfig]
-VARIANTS = {"tiled": MoeTiledConfig, "swapab": MoeSwapABConfig, "vendor": VendorConfig}
+MoeConfig = Union[MoeTiledConfig, MoeSwapABConfig, MoeGemvConfig, VendorConfig]
+VARIANTS = {"tiled": MoeTiledConfig, "swapab": MoeSwapABConfig, "gemv": MoeGemvConfig, "vendor": VendorConfig}
 _ID_RE = {"tiled": re.compile(r"^moe_m(\d+)n(\d+)k(\d+)_g(\d+)_w(\d+)s(\d+)$"),
-          "swapab": re.compile(r"^moeswap_m(\d+)n(\d+)k(\d+)_s(\d+)_w(\d+)s(\d+)$")}
+          "swapab": re.compile(r"^moeswap_m(\d+)n(\d+)k(\d+)_s(\d+)_w(\d+)s(\d+)$"),
+          "gemv": re.compile(r"^moegemv_n(\d+)k(\d+)_w(\d+)$")}
 
 
 def config_from_id(cid: str) -> MoeConfig:
@@ -155,6 +175,9 @@ def config_params(cfg: MoeConfig) -> dict:
     names = {f.name for f in fields(cfg)}
     out = {p: getattr(cfg, p) if p in names else 0 for p in PARAM_NAMES}
     out["split_k"] = getattr(cfg, "split_k", 1)
+    if isinstance(cfg, MoeGemvConfig):
+        # One pair (or token) per program, no software pipeline: the dense GEMV's uniform view.
+        out.update(block_m=1, num_stages=1)
     return out
 
 
@@ -204,6 +227,19 @@ SWAPAB_SPLIT_K = (1, 2, 4)
 SWAPAB_STAGES = (3, 4)
 
 
+# Largest M the GEMV runs at (a problem rule): each pair re-reads its expert's weights.
+GEMV_MAX_M = 4
+# The GEMV grid: 1-8 output columns by 256-2048 of K, 4 or 8 warps, at most GEMV_MAX_TILE fp32
+# accumulator elements per warp-group of 4 warps (gate_up keeps two: gate and up).
+GEMV_BLOCK_N = (1, 2, 4, 8)
+GEMV_BLOCK_K = (256, 512, 1024, 2048)
+GEMV_WARPS = (4, 8)
+GEMV_MAX_TILE = 4096
+# The GEMV's K tile may be over twice K only at the grid's smallest K tile (a problem rule): more
+# masked lanes than real ones (the block-scale op's GEMV lost 1.19x to swap-AB that way).
+GEMV_K_TILE_SLACK = 2
+
+
 def _enumerate(dtype: str) -> list[MoeConfig]:
     table = vllm_h100.FP8 if dtype == "fp8" else vllm_h100.BF16
     dd = "fp8" if dtype == "fp8" else "bf16"
@@ -211,6 +247,8 @@ def _enumerate(dtype: str) -> list[MoeConfig]:
     out += [MoeTiledConfig(*t) for t in table]
     out += [MoeSwapABConfig(16, bn, bk, sk, 4, st) for bn in SWAPAB_BLOCK_N for bk in SWAPAB_BLOCK_K
             for sk in SWAPAB_SPLIT_K for st in SWAPAB_STAGES]
+    out += [MoeGemvConfig(bn, bk, w) for w in GEMV_WARPS for bn in GEMV_BLOCK_N for bk in GEMV_BLOCK_K
+            if bn * bk <= GEMV_MAX_TILE * w // 4]
     return list(dict.fromkeys(out))
 
 
@@ -218,8 +256,8 @@ def _enumerate(dtype: str) -> list[MoeConfig]:
 
 def smem_bytes(cfg: MoeConfig, dtype: str) -> int:
     """Shared memory of the pipelined A and B tiles."""
-    if isinstance(cfg, VendorConfig):
-        return 0
+    if isinstance(cfg, (VendorConfig, MoeGemvConfig)):
+        return 0  # the GEMV keeps its tiles in registers
     return cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * DTYPE_BYTES[dtype]
 
 
@@ -264,6 +302,7 @@ class ConfigArrays:
         self.n = len(variants)
         self.vendor = variants == "vendor"
         self.swapab = variants == "swapab"
+        self.gemv = variants == "gemv"
         self.params = param_arrays(configs, config_params, PARAM_NAMES)
 
 
@@ -276,6 +315,12 @@ PROBLEM_RULES = (
     (lambda p: p.m > SWAPAB_MAX_M,
      lambda a, p: a.swapab,
      lambda p, c: f"swap-AB is a decode variant (M <= {SWAPAB_MAX_M})"),
+    (lambda p: p.m > GEMV_MAX_M,
+     lambda a, p: a.gemv,
+     lambda p, c: f"the GEMV is a decode variant (M <= {GEMV_MAX_M}), got M={p.m}"),
+    (lambda p: True,
+     lambda a, p: a.gemv & (a.params["block_k"] > GEMV_K_TILE_SLACK * p.k) & (a.params["block_k"] > GEMV_BLOCK_K[0]),
+     lambda p, c: f"GEMV block_k={c['block_k']} is over {GEMV_K_TILE_SLACK}x K={p.k}"),
 )
 
 
