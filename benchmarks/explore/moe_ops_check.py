@@ -1,7 +1,7 @@
 """GPU check of the fused-MoE torch op (issue 17): route then fused_moe, eager, under
 torch.compile(fullgraph=True), and captured in a CUDA graph and replayed twice (the align kernels'
 arrival counter must re-arm), against the fp32 reference layer; bf16 and fp8 (static scales);
-then the vendor, a few tiled and two swap-AB configs of each stage inside a graph, and a vLLM-format tuned
+then the vendor, a few tiled, two swap-AB and two GEMV configs of each stage inside a graph, and a vLLM-format tuned
 file's exact-M hit. One line per case; exits 1 on a failure.
 
     python benchmarks/explore/moe_ops_check.py [VLLM_CONFIG_DIR]
@@ -39,7 +39,8 @@ def main() -> int:
     for m, e, top_k, inter, hidden, dtype in [(1, 128, 8, 768, 2048, "bf16"), (7, 8, 2, 1792, 4096, "bf16"),
                                               (64, 64, 6, 1408, 2048, "bf16"), (1000, 16, 2, 3200, 4096, "bf16"),
                                               (33, 512, 10, 512, 2048, "bf16"), (16, 64, 6, 1408, 2048, "fp8"),
-                                              (512, 8, 2, 1792, 4096, "fp8")]:
+                                              (512, 8, 2, 1792, 4096, "fp8"), (1, 128, 8, 768, 2048, "fp8"),
+                                              (4, 64, 6, 1408, 2048, "fp8"), (2, 8, 2, 1792, 4096, "bf16")]:
         x, logits, w1, w2, kw = layer_case(m, e, top_k, inter, hidden, dtype, gen)
 
         def layer(x, logits):
@@ -63,13 +64,18 @@ def main() -> int:
         print(f"{'ok  ' if ok else 'FAIL'} {dtype} M={m} E={e} top_k={top_k} I={inter} H={hidden} {up} + {down}: "
               f"eager {eager:.2e}, compiled {compiled:.2e}, graph {graphed:.2e}", flush=True)
     # Every stage variant inside a graph (vendor included), replayed three times.
-    for stage, n, k in (("gate_up", 2 * 1408, 2048), ("down", 2048, 1408)):
-        p = space.Problem(48, n, k, "bf16", 64, 6, stage, "zipf")
+    # Swap-AB with and without a split (the split zeroes an fp32 buffer inside the graph); the GEMV
+    # (no align, fused epilogue) at a decode M, bf16 and fp8 (its inline activation quantisation).
+    swap = ("grouped_mm", space.vllm_default(48, 64).id, "moe_m64n128k64_g16_w8s3",
+            "moeswap_m16n64k128_s1_w4s3", "moeswap_m16n128k128_s4_w4s4")
+    gemv = ("moegemv_n4k512_w4", "moegemv_n1k1024_w8")
+    for m, dtype, stage, n, k, cids in ((48, "bf16", "gate_up", 2 * 1408, 2048, swap), (48, "bf16", "down", 2048, 1408, swap),
+                                        (3, "bf16", "gate_up", 2 * 1408, 2048, gemv), (3, "bf16", "down", 2048, 1408, gemv),
+                                        (3, "fp8", "gate_up", 2 * 1408, 2048, gemv), (3, "fp8", "down", 2048, 1408, gemv)):
+        p = space.Problem(m, n, k, dtype, 64, 6, stage, "zipf")
         o = impl.make_operands(p, "cuda", torch.Generator(device="cuda").manual_seed(1))
         ref = impl.reference(o)
-        # Swap-AB with and without a split (the split zeroes an fp32 buffer inside the graph).
-        for cid in ("grouped_mm", space.vllm_default(48, 64).id, "moe_m64n128k64_g16_w8s3",
-                    "moeswap_m16n64k128_s1_w4s3", "moeswap_m16n128k128_s4_w4s4"):
+        for cid in cids:
             cfg = space.config_from_id(cid)
             o.run(cfg)  # warm-up (compile) outside the capture
             g = torch.cuda.CUDAGraph()
@@ -79,7 +85,7 @@ def main() -> int:
                 g.replay()
             torch.cuda.synchronize()
             err = rel(y, ref)
-            ok = err <= impl.ERROR_BOUNDS["bf16"]
+            ok = err <= impl.ERROR_BOUNDS[dtype]
             bad += not ok
             print(f"{'ok  ' if ok else 'FAIL'} graph {p.key} {cid}: {err:.2e}", flush=True)
     folder = sys.argv[1] if len(sys.argv) > 1 else ""
