@@ -72,11 +72,12 @@ def test_vendor_rule_needs_k_multiple_of_8():
 
 
 def test_gemv_configs_ids_and_problem_rules():
-    """28 GEMV configs (accumulator tiles of at most 4096 fp32 elements per 4 warps); decode only
+    """10 GEMV configs (accumulator tiles of at most 4096 fp32 elements per 4 warps); decode only
     (M <= 4); a K tile over 2x K only at the smallest K tile; ids round-trip; not in vLLM's keys."""
     gemv = [c for c in S.generate_configs("sm90", "fp8") if c.variant == "gemv"]
-    assert len(gemv) == 28 and all(c.block_n * c.block_k <= 1024 * c.num_warps for c in gemv)
+    assert len(gemv) == 10 and all(c.block_n * c.block_k <= 1024 * c.num_warps for c in gemv)
     assert S.MoeGemvConfig(8, 1024, 8) in gemv and S.MoeGemvConfig(8, 1024, 4) not in gemv
+    assert gemv == [c for c in S.generate_configs("sm90", "bf16") if c.variant == "gemv"]
     cfg = S.MoeGemvConfig(2, 1024, 4)
     assert cfg.id == "moegemv_n2k1024_w4" and S.config_from_id(cfg.id) == cfg
     with pytest.raises(ValueError, match="unknown config id"):
@@ -91,7 +92,7 @@ def test_gemv_configs_ids_and_problem_rules():
     ok, why = S.check_feasible(S.MoeGemvConfig(2, 2048, 4), p)  # 2048 > 2 x 512
     assert not ok and "block_k=2048 is over 2x K=512" in why
     small = S.Problem(1, 1024, 40, "bf16", 8, 2, "down")  # the smallest K tile runs any K
-    assert [c.block_k for c in S.feasible_configs(small) if c.variant == "gemv"] == [256] * 8
+    assert [c.block_k for c in S.feasible_configs(small) if c.variant == "gemv"] == [256, 256]
     assert S.choose(1, 1024, 512, 132, [dict(variant="gemv", **S.config_params(cfg)),
                                         dict(variant="tiled", **S.config_params(S.vllm_default(1, 64)))],
                     e=64, top_k=8) == 1
@@ -148,3 +149,33 @@ def test_features_training_equal_runtime_and_count_real_tiles():
     assert runtime[iv, j] == 0  # no tiles on the vendor row
     with pytest.raises(ValueError, match="counts must be E=64"):
         MF.problem_inputs(m, e, top_k, stage, params["block_m"], counts=[1, 2])
+
+
+@pytest.mark.parametrize("stage, programs, k_steps, acc", [
+    # gate_up at M = 3, top_k 6, N = 2I = 2816: 18 pairs x ceil(1408 / 8) columns; K = 2048 in
+    # 512-wide steps; 8 x 512 x 2 (gate and up) accumulators over 128 threads.
+    ("gate_up", 18 * 176, 4, 64.0),
+    # down, N = 2816 hidden, K = 2048: 3 tokens x 352 columns; 6 experts x 4 steps; one accumulator.
+    ("down", 3 * 352, 24, 32.0)])
+def test_gemv_features_hand_computed(stage, programs, k_steps, acc):
+    """The GEMV's programs, K steps and accumulators per thread, on its rows only (0 elsewhere),
+    the same from the runtime's candidate table and from a training frame."""
+    gpu = "NVIDIA H100 80GB HBM3"
+    m, n, k, e, top_k = 3, 2816, 2048, 64, 6
+    ct = table("sm90", "bf16", "moe")
+    idx = np.arange(len(ct))
+    params = {p: ct.params[p][idx] for p in F.PARAMS}
+    cols = F.problem_columns(m, n, k, "bf16", hardware.spec_for(gpu), ct.variant_code[idx], params, e, top_k)
+    cols.update(MF.problem_inputs(m, e, top_k, stage, params["block_m"], "balanced"))
+    x = F.compute(cols, "moe")
+    names = F.feature_names("moe")
+    j = [names.index(f) for f in ("gemv_log2_programs", "gemv_k_steps", "gemv_acc_per_thread")]
+    g = ct.index["moegemv_n8k512_w4"]
+    np.testing.assert_allclose(x[g, j], [np.log2(programs), k_steps, acc])
+    others = [i for i in idx if ct.variants[i] != "gemv"]
+    assert not x[np.ix_(others, j)].any()
+    frame = pd.DataFrame({"op": "moe", "m": m, "n": n, "k": k, "e": e, "top_k": top_k, "stage": stage,
+                          "routing": "balanced", "dtype": "bf16", "gpu_name": gpu,
+                          "variant": [ct.variants[i] for i in idx],
+                          **{p: params[p].astype(np.int64) for p in F.PARAMS}})
+    np.testing.assert_array_equal(F.from_frame(frame, hardware.spec_for), x)

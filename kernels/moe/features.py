@@ -8,7 +8,11 @@ idle programs exit at once. These features describe that from the routing histog
 
 - the histogram's statistics: tokens per expert (mean, max), active experts, imbalance;
 - the real work decomposition per config: row tiles, padded rows, programs, waves;
-- the memory floor over the active experts' weights, and the launched (mostly idle) grid.
+- the memory floor over the active experts' weights, and the launched (mostly idle) grid;
+- for the GEMV (no align, no tiles): its real programs (gate_up: a pair's intermediate columns;
+  down: a token's output columns, looping over its top_k experts), K steps per program, and fp32
+  accumulator elements per thread (its configs' times on one problem are up to 4x apart, with
+  register pressure the main difference); 0 on other rows.
 
 Inputs: for training, the dataset columns (routing id, m, e, top_k, stage, block_m); the routing
 id regenerates the histogram (``routing.expert_counts``, seeded). At run time, the routing id the
@@ -18,6 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from gemm_costmodel.kernels.gemm_configs import VARIANT_CODES
+
 from . import routing as R
 
 STAGE_CODES = {"gate_up": 0, "down": 1}
@@ -25,7 +31,8 @@ STAGE_CODES = {"gate_up": 0, "down": 1}
 INPUTS = ("stage_code", "tiles_real", "active_experts", "tpe_max")
 NAMES = ("stage_down", "log2_tpe_mean", "log2_tpe_max", "active_fraction", "imbalance", "tiles_real",
          "pad_real", "log2_programs_real", "waves_real", "wave_efficiency_real", "log2_grid_programs",
-         "log2_t_weights_us", "log2_t_traffic_real_us", "log2_t_waves_real_us")
+         "log2_t_weights_us", "log2_t_traffic_real_us", "log2_t_waves_real_us",
+         "gemv_log2_programs", "gemv_k_steps", "gemv_acc_per_thread")
 
 
 def _tiles(counts: np.ndarray, block_m: np.ndarray) -> np.ndarray:
@@ -82,8 +89,9 @@ def _log2(x):
 
 # Rows of compute's (len(NAMES), rows) block that are log2s of their argument, and that are 0 on
 # vendor rows: both applied in a few calls over the block (the runtime's cold decision, issue 18).
-_LOG2_ROWS = np.array([1, 2, 7, 10, 11, 12, 13], dtype=np.intp)
+_LOG2_ROWS = np.array([1, 2, 7, 10, 11, 12, 13, 14], dtype=np.intp)
 _TILED_ROWS = (slice(5, 11), slice(12, 14))
+_GEMV_ROWS = slice(14, 17)
 
 
 def _value(v):
@@ -122,10 +130,18 @@ def compute(ctx, x: dict) -> np.ndarray:
     out[11] = active * ctx.n * ctx.k * ctx.in_b / ctx.bw * 1e6  # the active experts' weights, us
     out[12] = programs * ctx.tile_edge * ctx.k * ctx.in_b / ctx.bw * 1e6  # operand traffic, us
     out[13] = full_waves * ctx.occupancy * 2 * ctx.bm * ctx.bn * ctx.k / (ctx.peak / ctx.sm_count) * 1e6
+    # The GEMV's own work decomposition (impl.moe_gemv_*_kernel); gate_up computes N / 2 columns
+    # from two weight rows each.
+    down = _value(x["stage_code"])
+    cols = np.ceil(ctx.n * (1 - 0.5 * (1 - down)) / ctx.bn)
+    out[14] = (ctx.m * (down + (1 - down) * ctx.top_k)) * cols
+    out[15] = (down * ctx.top_k + (1 - down)) * np.ceil(ctx.k / ctx.bk)
+    out[16] = ctx.bn * ctx.bk * (2 - down) / (32 * ctx.warps)
     logs = out[_LOG2_ROWS]
     np.maximum(logs, 1e-30, out=logs)
     out[_LOG2_ROWS] = np.log2(logs, out=logs)
     vendor = ~np.broadcast_to(ctx.tiled, (n,))
     for rows in _TILED_ROWS:
         np.copyto(out[rows], 0.0, where=vendor)
+    np.copyto(out[_GEMV_ROWS], 0.0, where=~np.broadcast_to(ctx.variant_code == VARIANT_CODES["gemv"], (n,)))
     return out.T

@@ -229,13 +229,17 @@ SWAPAB_STAGES = (3, 4)
 
 # Largest M the GEMV runs at (a problem rule): each pair re-reads its expert's weights.
 GEMV_MAX_M = 4
-# The GEMV grid: 1-8 output columns by 256-2048 of K, 4 or 8 warps, at most GEMV_MAX_TILE fp32
-# accumulator elements per warp-group of 4 warps (gate_up keeps two: gate and up).
-GEMV_BLOCK_N = (1, 2, 4, 8)
-GEMV_BLOCK_K = (256, 512, 1024, 2048)
-GEMV_WARPS = (4, 8)
-GEMV_MAX_TILE = 4096
-# The GEMV's K tile may be over twice K only at the grid's smallest K tile (a problem rule): more
+# The GEMV's configs (block_n, block_k, num_warps). Measured first as a grid of 28 (1-8 output
+# columns by 256-2048 of K, 4 or 8 warps, at most 4096 fp32 accumulator elements per 4 warps) on
+# every training problem with M <= 4; its configs were up to 4x apart on one problem with no
+# smooth pattern (register pressure), and the ranker trained on all 28 picked a GEMV 1.04-1.07x
+# off the best at M = 1. These 10 are the greedy cover of those training rows
+# (benchmarks/explore/moe_gemv_grid.py): the best of them is 1.0018x the best of the 28 (M = 1:
+# 1.0054x), worst 1.23x. The grid's other 18 configs' rows stay in the shards; the loader skips them.
+GEMV_CONFIGS = ((8, 256, 4), (8, 512, 8), (1, 512, 4), (8, 512, 4), (4, 512, 4), (2, 1024, 4), (4, 256, 4),
+                (8, 1024, 8), (4, 1024, 4), (1, 2048, 8))
+GEMV_MIN_BLOCK_K = min(c[1] for c in GEMV_CONFIGS)
+# The GEMV's K tile may be over twice K only at its smallest K tile (a problem rule): more
 # masked lanes than real ones (the block-scale op's GEMV lost 1.19x to swap-AB that way).
 GEMV_K_TILE_SLACK = 2
 
@@ -247,8 +251,7 @@ def _enumerate(dtype: str) -> list[MoeConfig]:
     out += [MoeTiledConfig(*t) for t in table]
     out += [MoeSwapABConfig(16, bn, bk, sk, 4, st) for bn in SWAPAB_BLOCK_N for bk in SWAPAB_BLOCK_K
             for sk in SWAPAB_SPLIT_K for st in SWAPAB_STAGES]
-    out += [MoeGemvConfig(bn, bk, w) for w in GEMV_WARPS for bn in GEMV_BLOCK_N for bk in GEMV_BLOCK_K
-            if bn * bk <= GEMV_MAX_TILE * w // 4]
+    out += [MoeGemvConfig(*c) for c in sorted(GEMV_CONFIGS, key=lambda c: (c[2], c[0], c[1]))]
     return list(dict.fromkeys(out))
 
 
@@ -319,7 +322,7 @@ PROBLEM_RULES = (
      lambda a, p: a.gemv,
      lambda p, c: f"the GEMV is a decode variant (M <= {GEMV_MAX_M}), got M={p.m}"),
     (lambda p: True,
-     lambda a, p: a.gemv & (a.params["block_k"] > GEMV_K_TILE_SLACK * p.k) & (a.params["block_k"] > GEMV_BLOCK_K[0]),
+     lambda a, p: a.gemv & (a.params["block_k"] > GEMV_K_TILE_SLACK * p.k) & (a.params["block_k"] > GEMV_MIN_BLOCK_K),
      lambda p, c: f"GEMV block_k={c['block_k']} is over {GEMV_K_TILE_SLACK}x K={p.k}"),
 )
 
