@@ -199,7 +199,8 @@ REGISTRY: dict[str, OpSpec] = {
         extra_features=("stage_down", "log2_tpe_mean", "log2_tpe_max", "active_fraction", "imbalance",
                         "tiles_real", "pad_real", "log2_programs_real", "waves_real", "wave_efficiency_real",
                         "log2_grid_programs", "log2_t_weights_us", "log2_t_traffic_real_us",
-                        "log2_t_waves_real_us", "gemv_log2_programs", "gemv_k_steps", "gemv_acc_per_thread"),
+                        "log2_t_waves_real_us", "gemv_log2_programs", "gemv_k_steps", "gemv_acc_per_thread",
+                        "gemv_log2_occupancy", "gemv_waves", "gemv_log2_inflight_kb", "gemv_log2_serial_steps"),
         baselines="gemm_costmodel.kernels.moe.baselines:scores",
         # Leave-family-out over the 200 fully measured shapes (models/report/moe/): 300 trees at
         # eta 0.1 gave geomean 1.012, worst 1.08, against 1.014 and 1.19 for 100 at 0.2; deeper

@@ -151,13 +151,20 @@ def test_features_training_equal_runtime_and_count_real_tiles():
         MF.problem_inputs(m, e, top_k, stage, params["block_m"], counts=[1, 2])
 
 
-@pytest.mark.parametrize("stage, programs, k_steps, acc", [
+@pytest.mark.parametrize("stage, want", [
     # gate_up at M = 3, top_k 6, N = 2I = 2816: 18 pairs x ceil(1408 / 8) columns; K = 2048 in
-    # 512-wide steps; 8 x 512 x 2 (gate and up) accumulators over 128 threads.
-    ("gate_up", 18 * 176, 4, 64.0),
-    # down, N = 2816 hidden, K = 2048: 3 tokens x 352 columns; 6 experts x 4 steps; one accumulator.
-    ("down", 3 * 352, 24, 32.0)])
-def test_gemv_features_hand_computed(stage, programs, k_steps, acc):
+    # 512-wide steps; 8 x 512 x 2 (gate and up) accumulators over 128 threads; registers
+    # 2 * 64 + 512 / 128 + 32 = 164, so 65536 / (128 * 164) -> 3 programs per SM; 3168 / (132 * 3)
+    # = 8 waves; 3 programs x 16 KiB of bf16 weights in flight; 8 waves x 4 steps.
+    ("gate_up", dict(gemv_log2_programs=np.log2(18 * 176), gemv_k_steps=4, gemv_acc_per_thread=64,
+                     gemv_log2_occupancy=np.log2(3), gemv_waves=8.0, gemv_log2_inflight_kb=np.log2(48),
+                     gemv_log2_serial_steps=np.log2(32))),
+    # down, N = 2816 hidden, K = 2048: 3 tokens x 352 columns; 6 experts x 4 steps; one accumulator;
+    # registers 100 -> 5 per SM; 1056 / 660 = 1.6 waves; 5 x 8 KiB; 2 waves x 24 steps.
+    ("down", dict(gemv_log2_programs=np.log2(3 * 352), gemv_k_steps=24, gemv_acc_per_thread=32,
+                  gemv_log2_occupancy=np.log2(5), gemv_waves=1.6, gemv_log2_inflight_kb=np.log2(40),
+                  gemv_log2_serial_steps=np.log2(48)))])
+def test_gemv_features_hand_computed(stage, want):
     """The GEMV's programs, K steps and accumulators per thread, on its rows only (0 elsewhere),
     the same from the runtime's candidate table and from a training frame."""
     gpu = "NVIDIA H100 80GB HBM3"
@@ -169,9 +176,9 @@ def test_gemv_features_hand_computed(stage, programs, k_steps, acc):
     cols.update(MF.problem_inputs(m, e, top_k, stage, params["block_m"], "balanced"))
     x = F.compute(cols, "moe")
     names = F.feature_names("moe")
-    j = [names.index(f) for f in ("gemv_log2_programs", "gemv_k_steps", "gemv_acc_per_thread")]
+    j = [names.index(f) for f in want]
     g = ct.index["moegemv_n8k512_w4"]
-    np.testing.assert_allclose(x[g, j], [np.log2(programs), k_steps, acc])
+    np.testing.assert_allclose(x[g, j], list(want.values()), rtol=1e-6)  # float32 features
     others = [i for i in idx if ct.variants[i] != "gemv"]
     assert not x[np.ix_(others, j)].any()
     frame = pd.DataFrame({"op": "moe", "m": m, "n": n, "k": k, "e": e, "top_k": top_k, "stage": stage,

@@ -10,9 +10,10 @@ idle programs exit at once. These features describe that from the routing histog
 - the real work decomposition per config: row tiles, padded rows, programs, waves;
 - the memory floor over the active experts' weights, and the launched (mostly idle) grid;
 - for the GEMV (no align, no tiles): its real programs (gate_up: a pair's intermediate columns;
-  down: a token's output columns, looping over its top_k experts), K steps per program, and fp32
-  accumulator elements per thread (its configs' times on one problem are up to 4x apart, with
-  register pressure the main difference); 0 on other rows.
+  down: a token's output columns, looping over its top_k experts), K steps per program, fp32
+  accumulator elements per thread, programs per SM from a register estimate, waves, weight bytes
+  in flight per SM and waves x K steps (its configs' times on one problem are up to 4x apart);
+  0 on other rows.
 
 Inputs: for training, the dataset columns (routing id, m, e, top_k, stage, block_m); the routing
 id regenerates the histogram (``routing.expert_counts``, seeded). At run time, the routing id the
@@ -32,7 +33,8 @@ INPUTS = ("stage_code", "tiles_real", "active_experts", "tpe_max")
 NAMES = ("stage_down", "log2_tpe_mean", "log2_tpe_max", "active_fraction", "imbalance", "tiles_real",
          "pad_real", "log2_programs_real", "waves_real", "wave_efficiency_real", "log2_grid_programs",
          "log2_t_weights_us", "log2_t_traffic_real_us", "log2_t_waves_real_us",
-         "gemv_log2_programs", "gemv_k_steps", "gemv_acc_per_thread")
+         "gemv_log2_programs", "gemv_k_steps", "gemv_acc_per_thread", "gemv_log2_occupancy", "gemv_waves",
+         "gemv_log2_inflight_kb", "gemv_log2_serial_steps")
 
 
 def _tiles(counts: np.ndarray, block_m: np.ndarray) -> np.ndarray:
@@ -89,9 +91,9 @@ def _log2(x):
 
 # Rows of compute's (len(NAMES), rows) block that are log2s of their argument, and that are 0 on
 # vendor rows: both applied in a few calls over the block (the runtime's cold decision, issue 18).
-_LOG2_ROWS = np.array([1, 2, 7, 10, 11, 12, 13, 14], dtype=np.intp)
+_LOG2_ROWS = np.array([1, 2, 7, 10, 11, 12, 13, 14, 17, 19, 20], dtype=np.intp)
 _TILED_ROWS = (slice(5, 11), slice(12, 14))
-_GEMV_ROWS = slice(14, 17)
+_GEMV_ROWS = slice(14, 21)
 
 
 def _value(v):
@@ -137,6 +139,16 @@ def compute(ctx, x: dict) -> np.ndarray:
     out[14] = (ctx.m * (down + (1 - down) * ctx.top_k)) * cols
     out[15] = (down * ctx.top_k + (1 - down)) * np.ceil(ctx.k / ctx.bk)
     out[16] = ctx.bn * ctx.bk * (2 - down) / (32 * ctx.warps)
+    # Programs per SM from a register estimate (accumulators and the loaded tile, the activation
+    # slice, ~32 for addressing; at most 255 per thread, 64K per SM, 64 warps), the waves they
+    # take, the weight bytes each SM has in flight per K step, and waves x K steps (the serial
+    # chain of dependent loads when too few bytes are in flight to cover the memory latency).
+    regs = np.minimum(255.0, 2 * out[16] + ctx.bk / (32 * ctx.warps) + 32)
+    occ = np.clip(np.floor(65536 / (32 * ctx.warps * regs)), 1, np.floor(64 / ctx.warps))
+    out[17] = occ
+    out[18] = out[14] / (ctx.sm_count * occ)
+    out[19] = np.minimum(occ, np.ceil(out[14] / ctx.sm_count)) * (2 - down) * ctx.bn * ctx.bk * ctx.in_b / 1024
+    out[20] = np.ceil(out[18]) * out[15]
     logs = out[_LOG2_ROWS]
     np.maximum(logs, 1e-30, out=logs)
     out[_LOG2_ROWS] = np.log2(logs, out=logs)
