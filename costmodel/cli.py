@@ -255,7 +255,9 @@ def _train_config(args):
                        shortlist_tol=pick("shortlist_tol", "shortlist_tol"),
                        vendor_margin=pick("vendor_margin", "vendor_margin"),
                        parallel_trees=pick("parallel_trees", "parallel_trees"),
-                       rank_step=pick("rank_step", "rank_step"))
+                       rank_step=pick("rank_step", "rank_step"),
+                       decode_weight=pick("decode_weight", "decode_weight"),
+                       decode_max_m=pick("decode_max_m", "decode_max_m"))
 
 
 def _load_frame(args):
@@ -523,6 +525,11 @@ def _model_args(p, report: bool = False, train: bool = False) -> None:
     p.add_argument("--rank-step", type=float, default=None,
                    help="grade step of the rank labels: candidates within this factor of each other share a "
                         "grade (default: the op's, else 1.03)")
+    p.add_argument("--decode-weight", type=float, default=None,
+                   help="extra weight of a decode shape's ranking query (M <= --decode-max-m), on top of "
+                        "--eval-weight (default: the op's, else 1)")
+    p.add_argument("--decode-max-m", type=int, default=None,
+                   help="largest M that --decode-weight applies to (default: the op's, else 4)")
     p.add_argument("--jobs", type=int, default=2, help="xgboost threads")
     p.add_argument("--seed", type=int, default=0)
     if report:

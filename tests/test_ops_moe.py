@@ -130,3 +130,122 @@ def test_dense_dispatcher_refuses_moe_fields():
     d = Dispatcher(gpu_name=GPU, op="gemm")
     with pytest.raises(ValueError, match="op gemm has no problem field 'stage'"):
         d.select(16, 1536, 2048, "bf16", stage="down")
+
+
+class _RankedDispatcher:
+    """A MoE dispatcher double whose ranking per stage is fixed (fp32 operands have no model)."""
+    op = OP
+    gpu_name = GPU
+
+    def __init__(self, ranked):
+        self.ranked, self.calls = ranked, []
+
+    def rank(self, m, n, k, dtype="bf16", count=8, e=1, top_k=1, stage=None, routing="balanced"):
+        self.calls.append((stage, m, n, k, dtype, e, top_k, count, routing))
+        from gemm_costmodel.serving.runtime import Choice
+        return [Choice(c, "model") for c in self.ranked[stage][:count]]
+
+    def select(self, *a, **kw):
+        return self.rank(*a, **kw)[0]
+
+
+@pytest.fixture
+def unsure_moe(monkeypatch, tmp_path):
+    """Unsure mode over a fixed MoE ranking, with the launched config ids recorded."""
+    ranked = {"gate_up": [S.vllm_default(3, 8, "fp16").id, "moegemv_n8k256_w4", "moegemv_n4k256_w4"],
+              "down": ["moegemv_n4k256_w4", "moegemv_n8k256_w4", S.vllm_default(3, 8, "fp16").id]}
+    fake = _RankedDispatcher(ranked)
+    ops.set_dispatcher(fake, op=OP)
+    ops.set_dispatcher(Dispatcher(gpu_name=GPU, models_dir=str(tmp_path / "none")))
+    launched = []
+    real = I.launch
+
+    def recording(cfg, stage, *a, **kw):
+        launched.append((stage, cfg.id))
+        return real(cfg, stage, *a, **kw)
+
+    monkeypatch.setattr(I, "launch", recording)
+    yield fake, ranked, launched
+    ops.disable_unsure_mode()
+    ops.set_dispatcher(None, op=OP)
+    ops.set_dispatcher(None)
+    ops.clear_vllm_moe_configs()
+
+
+def test_unsure_mode_times_each_stage_top_k_on_the_real_operands_and_persists_the_winners(unsure_moe, tmp_path):
+    fake, ranked, launched = unsure_moe
+    m, e, top_k, inter, hidden = 3, 8, 2, 40, 72
+    x, w1, w2, tw, ids = _layer(m, e, top_k, inter, hidden, seed=4)
+    # Fake times: gate_up's third choice and down's second are the fastest.
+    times = {"gate_up": dict(zip(ranked["gate_up"], (3.0, 2.0, 1.0))),
+             "down": dict(zip(ranked["down"], (2.0, 1.0, 3.0)))}
+    benched = []
+
+    def bench(fn):
+        fn()
+        stage, cid = launched[-1]
+        benched.append((stage, cid))
+        return times[stage][cid]
+
+    cache = tmp_path / "tuned.json"
+    ops.enable_unsure_mode(k=3, cache_file=str(cache), bench=bench)
+    up, down = ops.choose_moe(x, w1, w2, tw, ids, routing="zipf")
+    assert (up, down) == (ranked["gate_up"][2], ranked["down"][1])
+    assert sorted(benched) == sorted((s, c) for s in ranked for c in ranked[s])
+    # Each stage asked the model for its own problem (N, K swap between the stages), k = 3, and the
+    # routing the caller named.
+    assert [c[:4] for c in fake.calls] == [("gate_up", m, 2 * inter, hidden), ("down", m, hidden, inter)]
+    assert {c[7] for c in fake.calls} == {3} and {c[8] for c in fake.calls} == {"zipf"}
+
+    # Known layer: no more timing; the op launches the two winners and matches the reference.
+    n_bench = len(benched)
+    launched.clear()
+    y = ops.fused_moe(x, w1, w2, tw, ids)
+    assert launched == [("gate_up", up), ("down", down)] and len(benched) == n_bench
+    ref = I.moe_reference(x, w1, w2, tw, ids)
+    assert (torch.linalg.vector_norm(y - ref) / torch.linalg.vector_norm(ref)).item() < 2e-3
+
+    body = json.loads(cache.read_text())
+    assert body["entries"] == {}  # the dense tuned-table part stays a valid (empty) table
+    ent = body["ops"]["moe"]
+    key_up, key_down = f"fp32:gate_up:{m}x{2 * inter}x{hidden}:e{e}k{top_k}", f"fp32:down:{m}x{hidden}x{inter}:e{e}k{top_k}"
+    assert set(ent) == {key_up, key_down}
+    assert ent[key_up]["candidate"] == up and ent[key_up]["ms"] == 1.0 and ent[key_up]["timed"] == times["gate_up"]
+    assert ent[key_down]["model_top1"] == ranked["down"][0] and ent[key_down]["routing_assumed"] == "zipf"
+    # A Dispatcher reads the same file as a dense tuned table without tripping on the MoE part.
+    Dispatcher(gpu_name=GPU, models_dir=str(tmp_path / "none"), tuned_table=str(cache))
+
+    # A later process reloads the winners: nothing is timed again.
+    def no_bench(fn):
+        raise AssertionError("a persisted layer must not be timed again")
+
+    ops.enable_unsure_mode(k=3, cache_file=str(cache), bench=no_bench)
+    assert ops.choose_moe(x, w1, w2, tw, ids) == (up, down)
+
+
+def test_unsure_mode_skips_a_candidate_that_disagrees_and_a_vllm_table_still_wins(unsure_moe, tmp_path, monkeypatch):
+    fake, ranked, launched = unsure_moe
+    x, w1, w2, tw, ids = _layer(3, 8, 2, 40, 72, seed=5)
+    real = I.launch
+
+    def broken(cfg, stage, *a, **kw):
+        y = real(cfg, stage, *a, **kw)
+        return y * 1.5 if cfg.id == ranked["gate_up"][1] and stage == "gate_up" else y
+
+    monkeypatch.setattr(I, "launch", broken)
+    # The broken candidate would be the fastest: it must never be picked.
+    speed = {ranked["gate_up"][0]: 2.0, ranked["gate_up"][1]: 0.5, ranked["gate_up"][2]: 3.0}
+    calls = []
+
+    def bench(fn):
+        calls.append(1)
+        return 1.0 if len(calls) > 2 else list(speed.values())[0 if len(calls) == 1 else 2]
+
+    tuner = ops.enable_unsure_mode(k=3, bench=bench)
+    up, _ = ops.choose_moe(x, w1, w2, tw, ids)
+    assert up == ranked["gate_up"][0]
+    assert tuner.op_entries["moe"][f"fp32:gate_up:3x80x72:e8k2"]["timed"][ranked["gate_up"][1]] == float("inf")
+    # An exact-M vLLM table entry wins before unsure mode (the user's table is explicit).
+    cfg = S.MoeTiledConfig(32, 64, 64, 1, 4, 3)
+    ops._moe_tables[(8, 40, "fp32")] = {3: cfg.id}
+    assert ops.choose_moe(x, w1, w2, tw, ids) == (cfg.id, cfg.id)

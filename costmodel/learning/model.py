@@ -80,6 +80,11 @@ class TrainConfig:
     # whose run-to-run noise is 1-2%; finer steps order near-ties (memory-bound GEMV configs
     # within 1-4% of each other) at the risk of learning noise.
     rank_step: float = RANK_STEP
+    # Weight factor of a decode shape's query (M <= decode_max_m) on top of eval_weight. A ranker
+    # fitted over every M spends its gradient where most queries are; at M <= 4 the fastest
+    # candidates are memory-bound configs whose order turns on a few percent, and few queries.
+    decode_weight: float = 1.0
+    decode_max_m: int = 4
 
     def __post_init__(self):
         if self.formulation not in FORMULATIONS:
@@ -92,6 +97,10 @@ class TrainConfig:
             raise ValueError(f"eval_weight must be > 0, got {self.eval_weight!r}")
         if not 0 <= self.vendor_margin < float("inf"):
             raise ValueError(f"vendor_margin must be finite and >= 0, got {self.vendor_margin!r}")
+        if not self.decode_weight > 0 or not np.isfinite(self.decode_weight):
+            raise ValueError(f"decode_weight must be finite and > 0, got {self.decode_weight!r}")
+        if isinstance(self.decode_max_m, bool) or not isinstance(self.decode_max_m, int) or self.decode_max_m < 1:
+            raise ValueError(f"decode_max_m must be an int >= 1, got {self.decode_max_m!r}")
         if not 1.0 < self.rank_step < 2.0:
             raise ValueError(f"rank_step must be in (1, 2), got {self.rank_step!r}")
         if self.vendor_margin and self.formulation == "log_latency":
@@ -181,6 +190,7 @@ class CostModel:
         y = targets(rows, self.config.formulation, self.config.rank_step)
         dm = xgb.DMatrix(X, label=y)
         weight = np.where(rows["eval_shape"].astype(bool).to_numpy(), self.config.eval_weight, 1.0)
+        weight = weight * np.where(rows["m"].to_numpy() <= self.config.decode_max_m, self.config.decode_weight, 1.0)
         if self.config.formulation == "rank":
             dm.set_group(rows.groupby("_sid", sort=True).size().to_numpy())
             # Ranking weights are per query: a shape's rows share its eval_shape flag.

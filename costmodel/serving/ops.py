@@ -18,7 +18,10 @@ benchmarks the model's top k candidates on the GPU, keeps the fastest, and
 persists the winner with provenance to a JSON file that later processes load as
 a tuned table. Cost: about k x (compile ~0.4 s when not cached + ~30 ms timing)
 on the first call per shape; none afterwards. Never benchmarks during CUDA-graph
-capture (the model's choice is used there). Unsure mode serves the dense ops only.
+capture (the model's choice is used there). It serves the dense ops and the MoE
+layer (``fused_moe``: each stage's top k timed in CUDA graphs on the call's own
+operands, so under its real routing; an exact vLLM-table hit still wins first);
+not the block-scaled fp8 op.
 """
 from __future__ import annotations
 
@@ -281,21 +284,67 @@ def _do_bench(fn: Callable[[], object]) -> float:
     return float(triton.testing.do_bench(fn, warmup=3, rep=15))
 
 
+def _do_bench_graph(fn: Callable[[], object]) -> float:
+    """ms per call of ``fn`` replayed in a CUDA graph. The MoE stages at decode run for 3-80 us,
+    less than their host launch path (align, several launches): timed eagerly, every candidate
+    would read as the host's time. Serving engines replay them in CUDA graphs, so time them so."""
+    import triton.testing
+
+    return float(triton.testing.do_bench_cudagraph(fn, rep=20))
+
+
+def _rel_diff(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return (torch.linalg.vector_norm(y.float() - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30)).item()
+
+
 class UnsureTuner:
-    """Benchmark the model's top k on first sight of a shape; cache and persist the winner."""
+    """Benchmark the model's top k on first sight of a shape; cache and persist the winner.
+
+    The dense ops key a shape as ``<dtype>:<M>x<N>x<K>`` (the tuned-table format, so the file is a
+    Dispatcher tuned table); the MoE layer keys each stage as
+    ``<dtype>:<stage>:<M>x<N>x<K>:e<E>k<top_k>`` under the file's ``"ops": {"moe": ...}``, which
+    Dispatcher tuned tables ignore (they hold dense shapes only)."""
 
     def __init__(self, d: Dispatcher, k: int = 8, cache_file: str | None = None,
-                 bench: Callable[[Callable[[], object]], float] | None = None):
+                 bench: Callable[[Callable[[], object]], float] | None = None,
+                 moe_bench: Callable[[Callable[[], object]], float] | None = None):
         if type(k) is not int or k < 1:
             raise ValueError(f"k must be an int >= 1, got {k!r}")
         self.d, self.k, self.cache_file = d, k, cache_file
         self.bench = bench or _do_bench
+        # An injected bench (tests) times both kinds of op unless the MoE one is given too.
+        self.moe_bench = moe_bench or (bench if bench is not None else _do_bench_graph)
         self.entries: dict[str, dict] = {}
+        self.op_entries: dict[str, dict[str, dict]] = {MOE_OP_NAME: {}}
         self._lock = threading.Lock()
         if cache_file and os.path.isfile(cache_file):
             with open(cache_file, encoding="utf-8") as fh:
-                self.entries = dict(json.load(fh).get("entries", {}))
+                body = json.load(fh)
+            self.entries = dict(body.get("entries", {}))
+            for op, ent in dict(body.get("ops", {})).items():
+                self.op_entries.setdefault(op, {}).update(ent)
         self._winners = {key: e["candidate"] for key, e in self.entries.items()}
+        self._op_winners = {op: {key: e["candidate"] for key, e in ent.items()} for op, ent in self.op_entries.items()}
+
+    def _pick(self, ranked: list[str], run: Callable[[str], torch.Tensor], bench, bound: float):
+        """(winner, {candidate: ms}) among ``ranked`` (the model's order): each candidate's output
+        must agree with the model's first choice within ``bound`` (relative norm) or it scores inf;
+        one that fails to run scores inf too."""
+        ref = None
+        times: dict[str, float] = {}
+        for cid in ranked:
+            try:
+                y = run(cid)
+                if ref is None:
+                    ref = y.float()
+                elif not _rel_diff(y, ref) <= bound:
+                    times[cid] = float("inf")  # disagrees with the model's first choice: never pick it
+                    continue
+                times[cid] = bench(lambda cid=cid: run(cid))
+            except Exception:  # noqa: BLE001 - a candidate that fails to run is skipped, not fatal
+                times[cid] = float("inf")
+        finite = {c: t for c, t in times.items() if t < float("inf")}
+        return (min(finite, key=finite.get) if finite else ranked[0]), times
 
     def choose(self, x, w, scale_a, scale_b, dtype: str) -> str:
         m, k = x.shape
@@ -306,29 +355,67 @@ class UnsureTuner:
             return hit
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
             return self.d.select(m, n, k, dtype).candidate
-        ranked = self.d.rank(m, n, k, dtype, count=self.k)
-        ref = None
-        times = {}
-        for c in ranked:
-            cfg = _config(c.candidate)
-            try:
-                y = K.launch(cfg, x, w, None, scale_a, scale_b)
-                if ref is None:
-                    ref = y.float()
-                elif not torch.allclose(y.float(), ref, rtol=2e-2, atol=2e-2):
-                    times[c.candidate] = float("inf")  # disagrees with the model's first choice: never pick it
-                    continue
-                times[c.candidate] = self.bench(lambda: K.launch(cfg, x, w, None, scale_a, scale_b))
-            except Exception:  # noqa: BLE001 - a candidate that fails to run is skipped, not fatal
-                times[c.candidate] = float("inf")
+        ranked = [c.candidate for c in self.d.rank(m, n, k, dtype, count=self.k)]
+        winner, times = self._pick(ranked, lambda cid: K.launch(_config(cid), x, w, None, scale_a, scale_b),
+                                   self.bench, 2e-2)
         finite = {c: t for c, t in times.items() if t < float("inf")}
-        winner = min(finite, key=finite.get) if finite else ranked[0].candidate
         with self._lock:
             self._winners[key] = winner
             self.entries[key] = {"candidate": winner, "ms": finite.get(winner), "timed": times,
-                                 "model_top1": ranked[0].candidate}
+                                 "model_top1": ranked[0]}
             self._persist()
         return winner
+
+    def choose_moe(self, x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale,
+                   routing: str) -> tuple[str, str] | None:
+        """(gate_up, down) config ids for a validated MoE layer: the persisted winners of its two
+        stages, else each stage's top k timed on these very operands (so on this call's real
+        routing, not the model's assumed one): gate_up first, then down on the winner's output.
+        None during CUDA-graph capture of a layer not tuned yet (the caller asks the model)."""
+        m, hidden, inter, e, top_k, dt = _moe_dims(x, w1, w2, topk_ids)
+        keys = {"gate_up": f"{dt}:gate_up:{m}x{2 * inter}x{hidden}:e{e}k{top_k}",
+                "down": f"{dt}:down:{m}x{hidden}x{inter}:e{e}k{top_k}"}
+        won = self._op_winners[MOE_OP_NAME]
+        if all(key in won for key in keys.values()):
+            return won[keys["gate_up"]], won[keys["down"]]
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            return None
+        d = dispatcher(MOE_OP_NAME)
+        ddt = _MOE_DISPATCH_DTYPE[dt]
+        bound = 2 * MOE.ERROR_BOUNDS.get(dt, 1e-2)
+        fp8 = dt == "fp8"
+        a1 = a1_scale if a1_scale is not None or not fp8 else MOE.dynamic_scale(x)
+        picks = {}
+        h = None
+        for stage, (n, kk, inp, w, a_s, w_s) in (("gate_up", (2 * inter, hidden, x, w1, a1, w1_scale)),
+                                                 ("down", (hidden, inter, None, w2, a2_scale, w2_scale))):
+            if stage == "down":
+                inp = h
+                if fp8 and a_s is None:
+                    a_s = MOE.dynamic_scale(h)
+            key = keys[stage]
+            winner = won.get(key)
+            if winner is None:
+                ranked = [c.candidate for c in d.rank(m, n, kk, ddt, count=self.k, e=e, top_k=top_k, stage=stage,
+                                                       routing=routing)]
+
+                def run(cid, stage=stage, inp=inp, w=w, a_s=a_s, w_s=w_s):
+                    return MOE.launch(_config(cid, MOE_OP_NAME), stage, inp, w, topk_weights, topk_ids, None, a_s, w_s)
+
+                winner, times = self._pick(ranked, run, self.moe_bench, bound)
+                finite = {c: t for c, t in times.items() if t < float("inf")}
+                with self._lock:
+                    won[key] = winner
+                    self.op_entries[MOE_OP_NAME][key] = {"candidate": winner, "ms": finite.get(winner),
+                                                         "timed": times, "model_top1": ranked[0],
+                                                         "routing_assumed": routing}
+            picks[stage] = winner
+            if stage == "gate_up":
+                h = MOE.launch(_config(winner, MOE_OP_NAME), "gate_up", x, w1, topk_weights, topk_ids, None, a1,
+                               w1_scale)
+        with self._lock:
+            self._persist()
+        return picks["gate_up"], picks["down"]
 
     def _persist(self) -> None:
         if not self.cache_file:
@@ -343,17 +430,23 @@ class UnsureTuner:
             prov["triton"] = triton.__version__
         except ImportError:  # pragma: no cover
             pass
+        body = {"format": "gemm_costmodel.tuned/1", "provenance": prov, "entries": self.entries}
+        ops_part = {op: ent for op, ent in self.op_entries.items() if ent}
+        if ops_part:
+            body["ops"] = ops_part
         tmp = self.cache_file + ".tmp"
         os.makedirs(os.path.dirname(os.path.abspath(self.cache_file)), exist_ok=True)
         with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump({"format": "gemm_costmodel.tuned/1", "provenance": prov, "entries": self.entries}, fh, indent=1)
+            json.dump(body, fh, indent=1)
         os.replace(tmp, self.cache_file)
 
 
-def enable_unsure_mode(k: int = 8, cache_file: str | None = None, bench=None) -> UnsureTuner:
-    """Turn on unsure mode for the ops (see the module docstring for its cost)."""
+def enable_unsure_mode(k: int = 8, cache_file: str | None = None, bench=None, moe_bench=None) -> UnsureTuner:
+    """Turn on unsure mode for the dense ops and the MoE layer (see the module docstring for its
+    cost). ``bench(fn) -> ms`` times a candidate (default: ``triton.testing.do_bench``; the MoE
+    layer's stages: ``moe_bench``, default a CUDA-graph replay timer)."""
     global _unsure
-    _unsure = UnsureTuner(dispatcher(), k=k, cache_file=cache_file, bench=bench)
+    _unsure = UnsureTuner(dispatcher(), k=k, cache_file=cache_file, bench=bench, moe_bench=moe_bench)
     return _unsure
 
 
@@ -441,14 +534,20 @@ def choose_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights
     msg = MOE.check_layer(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale)
     if msg:
         raise ValueError(msg)
-    return _choose_moe(x, w1, w2, topk_ids, routing)
+    return _choose_moe(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale, routing)
 
 
-def _choose_moe(x, w1, w2, topk_ids, routing) -> tuple[str, str]:
+def _choose_moe(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale,
+                routing) -> tuple[str, str]:
     m, hidden, inter, e, top_k, dt = _moe_dims(x, w1, w2, topk_ids)
     hit = _moe_tables.get((e, inter, dt), {}).get(m)
     if hit is not None:
         return hit, hit
+    if _unsure is not None:
+        tuned = _unsure.choose_moe(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale,
+                                   routing)
+        if tuned is not None:
+            return tuned
     d = dispatcher(MOE_OP_NAME)
     ddt = _MOE_DISPATCH_DTYPE[dt]
     up = d.select(m, 2 * inter, hidden, ddt, e, top_k, stage="gate_up", routing=routing).candidate
@@ -461,7 +560,7 @@ def _fused_moe(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, 
     msg = MOE.check_layer(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale)
     if msg:
         raise ValueError(msg)
-    up, down = _choose_moe(x, w1, w2, topk_ids, routing)
+    up, down = _choose_moe(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale, routing)
     return MOE.fused_moe(x, w1, w2, topk_weights, topk_ids, _config(up, MOE_OP_NAME), _config(down, MOE_OP_NAME),
                          w1_scale=w1_scale, w2_scale=w2_scale, a1_scale=a1_scale, a2_scale=a2_scale, check=False)
 
