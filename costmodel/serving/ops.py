@@ -19,8 +19,8 @@ persists the winner with provenance to a JSON file that later processes load as
 a tuned table. Cost: about k x (compile ~0.4 s when not cached + ~30 ms timing)
 on the first call per shape; none afterwards. Never benchmarks during CUDA-graph
 capture (the model's choice is used there). It serves the dense ops and the MoE
-layer (``fused_moe``: each stage's top k timed in CUDA graphs on the call's own
-operands, so under its real routing; an exact vLLM-table hit still wins first);
+layer (``fused_moe``: each stage's top k timed on the call's own operands, so
+under its real routing; an exact vLLM-table hit still wins first);
 not the block-scaled fp8 op.
 """
 from __future__ import annotations
@@ -279,18 +279,14 @@ def quantize_fp8_per_token_group(x: torch.Tensor, group: int = BS.GROUP_K) -> tu
 # -- unsure mode -----------------------------------------------------------------------
 
 def _do_bench(fn: Callable[[], object]) -> float:
+    # do_bench clears the L2 (a 256 MB memset) before each timed call, so a layer's weights are read
+    # from HBM as in serving, where other layers evict them; and the memset keeps the GPU busy while
+    # the host enqueues the call, so a launch path of tens of us (the MoE stages: align and up to
+    # four launches) does not read as device time. A CUDA-graph timer would replay the same
+    # weights hot from L2 (small MoE layers fit in it).
     import triton.testing
 
     return float(triton.testing.do_bench(fn, warmup=3, rep=15))
-
-
-def _do_bench_graph(fn: Callable[[], object]) -> float:
-    """ms per call of ``fn`` replayed in a CUDA graph. The MoE stages at decode run for 3-80 us,
-    less than their host launch path (align, several launches): timed eagerly, every candidate
-    would read as the host's time. Serving engines replay them in CUDA graphs, so time them so."""
-    import triton.testing
-
-    return float(triton.testing.do_bench_cudagraph(fn, rep=20))
 
 
 def _rel_diff(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -313,7 +309,7 @@ class UnsureTuner:
         self.d, self.k, self.cache_file = d, k, cache_file
         self.bench = bench or _do_bench
         # An injected bench (tests) times both kinds of op unless the MoE one is given too.
-        self.moe_bench = moe_bench or (bench if bench is not None else _do_bench_graph)
+        self.moe_bench = moe_bench or self.bench
         self.entries: dict[str, dict] = {}
         self.op_entries: dict[str, dict[str, dict]] = {MOE_OP_NAME: {}}
         self._lock = threading.Lock()
@@ -444,7 +440,7 @@ class UnsureTuner:
 def enable_unsure_mode(k: int = 8, cache_file: str | None = None, bench=None, moe_bench=None) -> UnsureTuner:
     """Turn on unsure mode for the dense ops and the MoE layer (see the module docstring for its
     cost). ``bench(fn) -> ms`` times a candidate (default: ``triton.testing.do_bench``; the MoE
-    layer's stages: ``moe_bench``, default a CUDA-graph replay timer)."""
+    layer's stages: ``moe_bench``, default ``bench``)."""
     global _unsure
     _unsure = UnsureTuner(dispatcher(), k=k, cache_file=cache_file, bench=bench, moe_bench=moe_bench)
     return _unsure
