@@ -211,7 +211,7 @@ def test_unsure_mode_times_each_stage_top_k_on_the_real_operands_and_persists_th
     key_up, key_down = f"fp32:gate_up:{m}x{2 * inter}x{hidden}:e{e}k{top_k}", f"fp32:down:{m}x{hidden}x{inter}:e{e}k{top_k}"
     assert set(ent) == {key_up, key_down}
     assert ent[key_up]["candidate"] == up and ent[key_up]["ms"] == 1.0 and ent[key_up]["timed"] == times["gate_up"]
-    assert ent[key_down]["model_top1"] == ranked["down"][0] and ent[key_down]["routing_assumed"] == "zipf"
+    assert ent[key_down]["model_top1"] == ranked["down"][0] and ent[key_down]["routing"] == "zipf"
     # A Dispatcher reads the same file as a dense tuned table without tripping on the MoE part.
     Dispatcher(gpu_name=GPU, models_dir=str(tmp_path / "none"), tuned_table=str(cache))
 

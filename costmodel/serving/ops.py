@@ -19,8 +19,10 @@ persists the winner with provenance to a JSON file that later processes load as
 a tuned table. Cost: about k x (compile ~0.4 s when not cached + ~30 ms timing)
 on the first call per shape; none afterwards. Never benchmarks during CUDA-graph
 capture (the model's choice is used there). It serves the dense ops and the MoE
-layer (``fused_moe``: each stage's top k timed on the call's own operands, so
-under its real routing; an exact vLLM-table hit still wins first);
+layer (``fused_moe``: each stage's top k checked against the model's first
+choice on the call's operands, then timed as the dataset was, in CUDA graphs
+over rotating synthetic copies of the stage for the routing the caller names;
+an exact vLLM-table hit still wins first);
 not the block-scaled fp8 op.
 """
 from __future__ import annotations
@@ -279,14 +281,37 @@ def quantize_fp8_per_token_group(x: torch.Tensor, group: int = BS.GROUP_K) -> tu
 # -- unsure mode -----------------------------------------------------------------------
 
 def _do_bench(fn: Callable[[], object]) -> float:
-    # do_bench clears the L2 (a 256 MB memset) before each timed call, so a layer's weights are read
-    # from HBM as in serving, where other layers evict them; and the memset keeps the GPU busy while
-    # the host enqueues the call, so a launch path of tens of us (the MoE stages: align and up to
-    # four launches) does not read as device time. A CUDA-graph timer would replay the same
-    # weights hot from L2 (small MoE layers fit in it).
     import triton.testing
 
     return float(triton.testing.do_bench(fn, warmup=3, rep=15))
+
+
+def _moe_stage_timer(problem):
+    """(time_of(config id) -> ms, release()) for one MoE stage, timed as the dataset was: the
+    harness's CUDA-graph timer over rotating synthetic operand copies of the stage (>= 2x L2, so
+    weights come from HBM as in serving; the user's tensors are not copied). Measured on an H100
+    (benchmarks/explore/moe_unsure_check.py): eager ``do_bench`` read the decode stages at 1.1-20x
+    their graph time (median 1.9x: the host's launch path, not the kernel), and its top-k picks
+    were no better than the model's."""
+    from gemm_costmodel.benchmarks.harness import free_device_memory
+    from gemm_costmodel.benchmarks.timing import GraphTimer, copies_for
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    gen = torch.Generator(device=dev).manual_seed(0)
+    first = MOE.make_operands(problem, dev, gen)
+    l2 = torch.cuda.get_device_properties(dev).L2_cache_size
+    sets = [first] + [MOE.make_operands(problem, dev, gen) for _ in range(copies_for(first.nbytes, l2) - 1)]
+    timer = GraphTimer()
+
+    def time_of(cid: str) -> float:
+        cfg = _config(cid, MOE_OP_NAME)
+        return timer.measure(lambda i: sets[i].run(cfg), len(sets), key=cid).p50_us / 1e3
+
+    def release() -> None:
+        sets.clear()
+        free_device_memory(timer, str(dev))
+
+    return time_of, release
 
 
 def _rel_diff(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -308,8 +333,9 @@ class UnsureTuner:
             raise ValueError(f"k must be an int >= 1, got {k!r}")
         self.d, self.k, self.cache_file = d, k, cache_file
         self.bench = bench or _do_bench
-        # An injected bench (tests) times both kinds of op unless the MoE one is given too.
-        self.moe_bench = moe_bench or self.bench
+        # An injected bench (tests) times both kinds of op unless the MoE one is given too; by
+        # default the MoE stages are timed by _moe_stage_timer (CUDA graphs, rotating copies).
+        self.moe_bench = moe_bench or bench
         self.entries: dict[str, dict] = {}
         self.op_entries: dict[str, dict[str, dict]] = {MOE_OP_NAME: {}}
         self._lock = threading.Lock()
@@ -322,10 +348,11 @@ class UnsureTuner:
         self._winners = {key: e["candidate"] for key, e in self.entries.items()}
         self._op_winners = {op: {key: e["candidate"] for key, e in ent.items()} for op, ent in self.op_entries.items()}
 
-    def _pick(self, ranked: list[str], run: Callable[[str], torch.Tensor], bench, bound: float):
+    def _pick(self, ranked: list[str], run: Callable[[str], torch.Tensor], time_of: Callable[[str], float],
+              bound: float):
         """(winner, {candidate: ms}) among ``ranked`` (the model's order): each candidate's output
-        must agree with the model's first choice within ``bound`` (relative norm) or it scores inf;
-        one that fails to run scores inf too."""
+        ``run(cid)`` must agree with the model's first choice within ``bound`` (relative norm) or it
+        scores inf; one that fails to run or to be timed (``time_of(cid)``, ms) scores inf too."""
         ref = None
         times: dict[str, float] = {}
         for cid in ranked:
@@ -336,7 +363,7 @@ class UnsureTuner:
                 elif not _rel_diff(y, ref) <= bound:
                     times[cid] = float("inf")  # disagrees with the model's first choice: never pick it
                     continue
-                times[cid] = bench(lambda cid=cid: run(cid))
+                times[cid] = time_of(cid)
             except Exception:  # noqa: BLE001 - a candidate that fails to run is skipped, not fatal
                 times[cid] = float("inf")
         finite = {c: t for c, t in times.items() if t < float("inf")}
@@ -352,8 +379,10 @@ class UnsureTuner:
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
             return self.d.select(m, n, k, dtype).candidate
         ranked = [c.candidate for c in self.d.rank(m, n, k, dtype, count=self.k)]
-        winner, times = self._pick(ranked, lambda cid: K.launch(_config(cid), x, w, None, scale_a, scale_b),
-                                   self.bench, 2e-2)
+        def run(cid):
+            return K.launch(_config(cid), x, w, None, scale_a, scale_b)
+
+        winner, times = self._pick(ranked, run, lambda cid: self.bench(lambda: run(cid)), 2e-2)
         finite = {c: t for c, t in times.items() if t < float("inf")}
         with self._lock:
             self._winners[key] = winner
@@ -365,9 +394,10 @@ class UnsureTuner:
     def choose_moe(self, x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale,
                    routing: str) -> tuple[str, str] | None:
         """(gate_up, down) config ids for a validated MoE layer: the persisted winners of its two
-        stages, else each stage's top k timed on these very operands (so on this call's real
-        routing, not the model's assumed one): gate_up first, then down on the winner's output.
-        None during CUDA-graph capture of a layer not tuned yet (the caller asks the model)."""
+        stages, else each stage's top k, checked on these operands (gate_up first, then down on
+        the winner's output) and timed (``moe_bench``, or CUDA graphs over synthetic copies of the
+        stage for ``routing``). None during CUDA-graph capture of a layer not tuned yet (the
+        caller asks the model)."""
         m, hidden, inter, e, top_k, dt = _moe_dims(x, w1, w2, topk_ids)
         keys = {"gate_up": f"{dt}:gate_up:{m}x{2 * inter}x{hidden}:e{e}k{top_k}",
                 "down": f"{dt}:down:{m}x{hidden}x{inter}:e{e}k{top_k}"}
@@ -398,13 +428,28 @@ class UnsureTuner:
                 def run(cid, stage=stage, inp=inp, w=w, a_s=a_s, w_s=w_s):
                     return MOE.launch(_config(cid, MOE_OP_NAME), stage, inp, w, topk_weights, topk_ids, None, a_s, w_s)
 
-                winner, times = self._pick(ranked, run, self.moe_bench, bound)
+                if self.moe_bench is not None:
+                    winner, times = self._pick(ranked, run, lambda cid, run=run: self.moe_bench(lambda: run(cid)),
+                                               bound)
+                else:
+                    try:
+                        time_of, release = _moe_stage_timer(
+                            _MOE_OP.space_module().Problem(m, n, kk, dt, e, top_k, stage, routing))
+                    except torch.OutOfMemoryError:
+                        time_of, release = None, None
+                    if time_of is None:  # no room for the timing copies: the model decides
+                        winner, times = ranked[0], {}
+                    else:
+                        try:
+                            winner, times = self._pick(ranked, run, time_of, bound)
+                        finally:
+                            release()
                 finite = {c: t for c, t in times.items() if t < float("inf")}
                 with self._lock:
                     won[key] = winner
                     self.op_entries[MOE_OP_NAME][key] = {"candidate": winner, "ms": finite.get(winner),
                                                          "timed": times, "model_top1": ranked[0],
-                                                         "routing_assumed": routing}
+                                                         "routing": routing}
             picks[stage] = winner
             if stage == "gate_up":
                 h = MOE.launch(_config(winner, MOE_OP_NAME), "gate_up", x, w1, topk_weights, topk_ids, None, a1,
@@ -439,8 +484,9 @@ class UnsureTuner:
 
 def enable_unsure_mode(k: int = 8, cache_file: str | None = None, bench=None, moe_bench=None) -> UnsureTuner:
     """Turn on unsure mode for the dense ops and the MoE layer (see the module docstring for its
-    cost). ``bench(fn) -> ms`` times a candidate (default: ``triton.testing.do_bench``; the MoE
-    layer's stages: ``moe_bench``, default ``bench``)."""
+    cost). ``bench(fn) -> ms`` times a dense candidate (default: ``triton.testing.do_bench``);
+    ``moe_bench(fn) -> ms`` an MoE stage's on the call's operands (default: ``bench`` if given,
+    else the harness's CUDA-graph timer over rotating copies)."""
     global _unsure
     _unsure = UnsureTuner(dispatcher(), k=k, cache_file=cache_file, bench=bench, moe_bench=moe_bench)
     return _unsure
