@@ -189,6 +189,32 @@ def test_evaluation_shapes_carry_eval_weight(fp8, formulation, monkeypatch):
         SMALL.with_(eval_weight=0)
 
 
+def test_decode_shapes_carry_decode_weight_on_top_of_eval_weight(fp8, monkeypatch):
+    import xgboost as xgb
+
+    seen = {}
+    real_train = xgb.train
+
+    def spy(params, dtrain, *a, **kw):
+        seen["w"] = dtrain.get_weight()
+        return real_train(params, dtrain, *a, **kw)
+
+    monkeypatch.setattr(xgb, "train", spy)
+    rows = training_rows(fp8)
+    cut = int(np.sort(rows["m"].unique())[0])  # the smallest M counts as decode here
+    CostModel(SMALL.with_(n_estimators=2, formulation="rank", eval_weight=5.0, decode_weight=3.0,
+                            decode_max_m=cut)).fit(fp8)
+    per_shape = rows.groupby(shape_ids(rows)).agg(ev=("eval_shape", "first"), m=("m", "first"))
+    want = np.where(per_shape["ev"], 5.0, 1.0) * np.where(per_shape["m"] <= cut, 3.0, 1.0)
+    assert sorted(seen["w"]) == sorted(want) and (per_shape["m"] <= cut).any() and (per_shape["m"] > cut).any()
+    for bad, match in ((0.0, "decode_weight"), (float("inf"), "decode_weight")):
+        with pytest.raises(ValueError, match=match):
+            SMALL.with_(decode_weight=bad)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="decode_max_m"):
+            SMALL.with_(decode_max_m=bad)
+
+
 def test_relative_formulations_drop_single_row_shapes(fp8):
     df = fp8.copy()
     # A shape left with one stable row has nothing to compare against.

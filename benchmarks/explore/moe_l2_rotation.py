@@ -1,4 +1,4 @@
-"""Does the MoE decode data time weights hot in L2? (issue 17's M = 1 picks, issue 19)
+"""Does the MoE decode data time weights hot in L2? (issue 17's M = 1 picks)
 
 The harness rotates operand copies until they span 2x L2 (``timing.copies_for``), counting every
 byte of the stage's operands. At decode a stage reads only its top_k experts' weights: with E
