@@ -310,7 +310,7 @@ def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all",
                 "suite": suite, "op": op, **problem_row_fields(spec, prob), "m": sh.m, "n": sh.n, "k": sh.k, "dtype": sh.dtype,
                 "family": sh.family, "origins": ";".join(sh.origins[:8]),
                 "eval_shape": mode == "all", "n_candidates": n_cands, "seed": seed,
-                "l2_policy": L2_POLICY, "n_copies": n_copies, "timer": timer.name, **prov,
+                "l2_policy": getattr(spec.impl_module(), "L2_POLICY", L2_POLICY), "n_copies": n_copies, "timer": timer.name, **prov,
             }
             measured_here = 0
             counts: Counter = Counter()

@@ -70,7 +70,8 @@ SCHEMA: dict[str, tuple[str, str]] = {
     "n_samples": ("int", "timed CUDA-graph replays"),
     "n_inner": ("int", "launches per replay"),
     "n_copies": ("int", "rotating input copies (L2 policy)"),
-    "l2_policy": ("str", "'rotate': inputs rotate over >= 2x L2 of copies"),
+    "l2_policy": ("str", "'rotate': inputs rotate over >= 2x L2 of copies; 'rotate_experts' (MoE): copies "
+                          "share the weights on shifted experts and span >= 2x L2 of what a launch reads"),
     "seed": ("int", "sweep seed (inputs and candidate sampling)"),
     "suite": ("str", "name of the sweep that measured the row"),
 }

@@ -287,20 +287,20 @@ def _do_bench(fn: Callable[[], object]) -> float:
 
 
 def _moe_stage_timer(problem):
-    """(time_of(config id) -> ms, release()) for one MoE stage, timed as the dataset was: the
-    harness's CUDA-graph timer over rotating synthetic operand copies of the stage (>= 2x L2, so
-    weights come from HBM as in serving; the user's tensors are not copied). Measured on an H100
+    """(time_of(config id) -> ms, release()) for one MoE stage, timed as the harness times it: its
+    CUDA-graph timer over rotating synthetic operand copies of the stage (``impl.timing_copies``:
+    >= 2x L2 of what a launch reads, so weights come from HBM as in serving; the user's tensors are
+    not copied). Measured on an H100
     (benchmarks/explore/moe_unsure_check.py): eager ``do_bench`` read the decode stages at 1.1-20x
     their graph time (median 1.9x: the host's launch path, not the kernel), and its top-k picks
     were no better than the model's."""
     from gemm_costmodel.benchmarks.harness import free_device_memory
-    from gemm_costmodel.benchmarks.timing import GraphTimer, copies_for
+    from gemm_costmodel.benchmarks.timing import GraphTimer
 
     dev = torch.device("cuda", torch.cuda.current_device())
     gen = torch.Generator(device=dev).manual_seed(0)
-    first = MOE.make_operands(problem, dev, gen)
-    l2 = torch.cuda.get_device_properties(dev).L2_cache_size
-    sets = [first] + [MOE.make_operands(problem, dev, gen) for _ in range(copies_for(first.nbytes, l2) - 1)]
+    # One synthetic copy of the stage; the rotation shifts its experts (no more weight memory).
+    sets = MOE.timing_copies(MOE.make_operands(problem, dev, gen), torch.cuda.get_device_properties(dev).L2_cache_size)
     timer = GraphTimer()
 
     def time_of(cid: str) -> float:
