@@ -204,6 +204,24 @@ def test_complete_evaluation_runs_supersede_other_rows_of_a_key(tmp_path):
     assert D.load_dataset([old, new, again]).iloc[0]["p50_us"] == pytest.approx(9.2)
 
 
+def test_rows_of_a_superseding_l2_policy_replace_every_row_of_their_shape(tmp_path):
+    other = "tiled_m32n32k64_g8_w4s3"
+    params = dict(block_m=32)
+    old = write_parquet(tmp_path / "old.parquet", [
+        good_row(p50_us=10.0, l2_policy="rotate", eval_shape=True),
+        good_row(candidate=other, p50_us=10.5, l2_policy="rotate", eval_shape=True, **params),
+        good_row(m=9, p50_us=10.7, l2_policy="rotate")])
+    new = write_parquet(tmp_path / "new.parquet", [good_row(p50_us=10.8, l2_policy="rotate_experts")])
+    df = D.load_dataset([old, new])
+    # Shape 7x96x64: only the re-measured row stays (the old run's other candidate is gone too,
+    # and so is its evaluation flag); shape 9x96x64, never re-measured, keeps its row.
+    s7 = df[df["m"] == 7]
+    assert s7["candidate"].tolist() == [good_row()["candidate"]] and s7["p50_us"].tolist() == [10.8]
+    assert not s7["eval_shape"].any() and s7["l2_policy"].tolist() == ["rotate_experts"]
+    assert df[df["m"] == 9]["p50_us"].tolist() == [10.7]
+    assert len(D.load_dataset([old])) == 3
+
+
 def test_build_parquet_roundtrip(tmp_path):
     raw = write_jsonl(tmp_path / "train-bf16-shard00of02.jsonl.gz",
                       [good_row(), good_row(dtype="fp16", m=3), good_row(m=9, hostname="x", rel_err=1e-3)])
