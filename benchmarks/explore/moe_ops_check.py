@@ -2,9 +2,11 @@
 torch.compile(fullgraph=True), and captured in a CUDA graph and replayed twice (the align kernels'
 arrival counter must re-arm), against the fp32 reference layer; bf16 and fp8 (static scales);
 then the vendor, a few tiled, two swap-AB and two GEMV configs of each stage inside a graph, and a vLLM-format tuned
-file's exact-M hit. One line per case; exits 1 on a failure.
+file's exact-M hit. One line per case; exits 1 on a failure. With --unsure K the layers run in
+unsure mode (the first eager call times each stage's top K; compile and graph capture then launch
+the winners), and a layer first seen inside a graph capture is decided by the model, untimed.
 
-    python benchmarks/explore/moe_ops_check.py [VLLM_CONFIG_DIR]
+    python benchmarks/explore/moe_ops_check.py [VLLM_CONFIG_DIR] [--unsure K]
 """
 import os
 import sys
@@ -35,6 +37,13 @@ def layer_case(m, e, top_k, inter, hidden, dtype, gen):
 
 def main() -> int:
     bad = 0
+    args = sys.argv[1:]
+    unsure = 0
+    if "--unsure" in args:
+        i = args.index("--unsure")
+        unsure = int(args[i + 1])
+        del args[i:i + 2]
+        tuner = ops.enable_unsure_mode(k=unsure)
     gen = torch.Generator(device="cuda").manual_seed(0)
     for m, e, top_k, inter, hidden, dtype in [(1, 128, 8, 768, 2048, "bf16"), (7, 8, 2, 1792, 4096, "bf16"),
                                               (64, 64, 6, 1408, 2048, "bf16"), (1000, 16, 2, 3200, 4096, "bf16"),
@@ -63,6 +72,24 @@ def main() -> int:
         bad += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {dtype} M={m} E={e} top_k={top_k} I={inter} H={hidden} {up} + {down}: "
               f"eager {eager:.2e}, compiled {compiled:.2e}, graph {graphed:.2e}", flush=True)
+    if unsure:
+        timed = len(tuner.op_entries["moe"])
+        # A layer first seen inside a capture: the model decides, nothing is timed in the capture.
+        x, logits, w1, w2, kw = layer_case(5, 64, 6, 1408, 2048, "bf16", gen)
+        tw, ids = ops.route(logits, 6)
+        ref = impl.moe_reference(x, w1, w2, tw, ids)
+        ops.fused_moe(x[:1], w1, w2, tw[:1], ids[:1])  # warm the kernels' compile outside the capture
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = ops.fused_moe(x, w1, w2, tw, ids)
+        g.replay()
+        torch.cuda.synchronize()
+        err = rel(y, ref)
+        new = len(tuner.op_entries["moe"]) - timed
+        ok = err <= BOUND and new == 2  # only the M = 1 warm-up layer's two stages were timed
+        bad += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} unsure k={unsure}: {timed} stages timed eagerly; a layer first seen in a "
+              f"capture: {err:.2e}, stages timed since: {new} (the eager M = 1 warm-up's)", flush=True)
     # Every stage variant inside a graph (vendor included), replayed three times.
     # Swap-AB with and without a split (the split zeroes an fp32 buffer inside the graph); the GEMV
     # (no align, fused epilogue) at a decode M, bf16 and fp8 (its inline activation quantisation).
@@ -88,7 +115,7 @@ def main() -> int:
             ok = err <= impl.ERROR_BOUNDS[dtype]
             bad += not ok
             print(f"{'ok  ' if ok else 'FAIL'} graph {p.key} {cid}: {err:.2e}", flush=True)
-    folder = sys.argv[1] if len(sys.argv) > 1 else ""
+    folder = args[0] if args else ""
     if folder and os.path.isdir(folder):
         n = ops.load_vllm_moe_configs(folder)
         x, logits, w1, w2, kw = layer_case(16, 8, 2, 1792, 4096, "bf16", gen)
