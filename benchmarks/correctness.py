@@ -57,7 +57,7 @@ def operand_sets(problem, seed: int, l2_bytes: int, device: str | torch.device =
         return [first], impl.reference(first)
     if hasattr(impl, "timing_copies"):
         # The op knows what a launch reads (the MoE stages: a few experts of a large weight).
-        return impl.timing_copies(first, l2_bytes), impl.reference(first)
+        return impl.timing_copies(first, copies_for(impl.bytes_read(first), l2_bytes)), impl.reference(first)
     n_copies = copies_for(first.nbytes, l2_bytes)
     return [first] + [impl.make_operands(problem, device, gen) for _ in range(n_copies - 1)], impl.reference(first)
 

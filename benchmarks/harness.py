@@ -268,6 +268,8 @@ def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all",
     """
     spec = registry.get(op)
     bounds = spec.impl_module().ERROR_BOUNDS
+    # The op's own L2 policy where it sizes its timing copies itself (correctness.operand_sets).
+    l2_policy = getattr(spec.impl_module(), "L2_POLICY", L2_POLICY)
     op_params = spec.space_module().config_params
     prov = dict(provenance or {})
     l2 = int(prov.get("l2_bytes") or 50 * 2**20)
@@ -310,7 +312,7 @@ def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all",
                 "suite": suite, "op": op, **problem_row_fields(spec, prob), "m": sh.m, "n": sh.n, "k": sh.k, "dtype": sh.dtype,
                 "family": sh.family, "origins": ";".join(sh.origins[:8]),
                 "eval_shape": mode == "all", "n_candidates": n_cands, "seed": seed,
-                "l2_policy": getattr(spec.impl_module(), "L2_POLICY", L2_POLICY), "n_copies": n_copies, "timer": timer.name, **prov,
+                "l2_policy": l2_policy, "n_copies": n_copies, "timer": timer.name, **prov,
             }
             measured_here = 0
             counts: Counter = Counter()

@@ -295,12 +295,13 @@ def _moe_stage_timer(problem):
     their graph time (median 1.9x: the host's launch path, not the kernel), and its top-k picks
     were no better than the model's."""
     from gemm_costmodel.benchmarks.harness import free_device_memory
-    from gemm_costmodel.benchmarks.timing import GraphTimer
+    from gemm_costmodel.benchmarks.timing import GraphTimer, copies_for
 
     dev = torch.device("cuda", torch.cuda.current_device())
     gen = torch.Generator(device=dev).manual_seed(0)
     # One synthetic copy of the stage; the rotation shifts its experts (no more weight memory).
-    sets = MOE.timing_copies(MOE.make_operands(problem, dev, gen), torch.cuda.get_device_properties(dev).L2_cache_size)
+    first = MOE.make_operands(problem, dev, gen)
+    sets = MOE.timing_copies(first, copies_for(MOE.bytes_read(first), torch.cuda.get_device_properties(dev).L2_cache_size))
     timer = GraphTimer()
 
     def time_of(cid: str) -> float:
@@ -349,10 +350,11 @@ class UnsureTuner:
         self._op_winners = {op: {key: e["candidate"] for key, e in ent.items()} for op, ent in self.op_entries.items()}
 
     def _pick(self, ranked: list[str], run: Callable[[str], torch.Tensor], time_of: Callable[[str], float],
-              bound: float):
-        """(winner, {candidate: ms}) among ``ranked`` (the model's order): each candidate's output
-        ``run(cid)`` must agree with the model's first choice within ``bound`` (relative norm) or it
-        scores inf; one that fails to run or to be timed (``time_of(cid)``, ms) scores inf too."""
+              agree: Callable[[torch.Tensor, torch.Tensor], bool]):
+        """(winner, its ms or None, {candidate: ms}) among ``ranked`` (the model's order): a
+        candidate whose output ``run(cid)`` does not ``agree(y, ref)`` with the model's first choice's
+        scores inf; so does one that fails to run or to be timed (``time_of(cid)``, ms). Without a
+        finite time the model's first choice wins."""
         ref = None
         times: dict[str, float] = {}
         for cid in ranked:
@@ -360,14 +362,15 @@ class UnsureTuner:
                 y = run(cid)
                 if ref is None:
                     ref = y.float()
-                elif not _rel_diff(y, ref) <= bound:
+                elif not agree(y, ref):
                     times[cid] = float("inf")  # disagrees with the model's first choice: never pick it
                     continue
                 times[cid] = time_of(cid)
             except Exception:  # noqa: BLE001 - a candidate that fails to run is skipped, not fatal
                 times[cid] = float("inf")
         finite = {c: t for c, t in times.items() if t < float("inf")}
-        return (min(finite, key=finite.get) if finite else ranked[0]), times
+        winner = min(finite, key=finite.get) if finite else ranked[0]
+        return winner, finite.get(winner), times
 
     def choose(self, x, w, scale_a, scale_b, dtype: str) -> str:
         m, k = x.shape
@@ -379,15 +382,15 @@ class UnsureTuner:
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
             return self.d.select(m, n, k, dtype).candidate
         ranked = [c.candidate for c in self.d.rank(m, n, k, dtype, count=self.k)]
+
         def run(cid):
             return K.launch(_config(cid), x, w, None, scale_a, scale_b)
 
-        winner, times = self._pick(ranked, run, lambda cid: self.bench(lambda: run(cid)), 2e-2)
-        finite = {c: t for c, t in times.items() if t < float("inf")}
+        winner, ms, times = self._pick(ranked, run, lambda cid: self.bench(lambda: run(cid)),
+                                       lambda y, ref: torch.allclose(y.float(), ref, rtol=2e-2, atol=2e-2))
         with self._lock:
             self._winners[key] = winner
-            self.entries[key] = {"candidate": winner, "ms": finite.get(winner), "timed": times,
-                                 "model_top1": ranked[0]}
+            self.entries[key] = {"candidate": winner, "ms": ms, "timed": times, "model_top1": ranked[0]}
             self._persist()
         return winner
 
@@ -409,6 +412,10 @@ class UnsureTuner:
         d = dispatcher(MOE_OP_NAME)
         ddt = _MOE_DISPATCH_DTYPE[dt]
         bound = 2 * MOE.ERROR_BOUNDS.get(dt, 1e-2)
+
+        def agree(y, ref):
+            return _rel_diff(y, ref) <= bound
+
         fp8 = dt == "fp8"
         a1 = a1_scale if a1_scale is not None or not fp8 else MOE.dynamic_scale(x)
         picks = {}
@@ -429,8 +436,8 @@ class UnsureTuner:
                     return MOE.launch(_config(cid, MOE_OP_NAME), stage, inp, w, topk_weights, topk_ids, None, a_s, w_s)
 
                 if self.moe_bench is not None:
-                    winner, times = self._pick(ranked, run, lambda cid, run=run: self.moe_bench(lambda: run(cid)),
-                                               bound)
+                    winner, ms, times = self._pick(ranked, run,
+                                                   lambda cid, run=run: self.moe_bench(lambda: run(cid)), agree)
                 else:
                     try:
                         time_of, release = _moe_stage_timer(
@@ -438,16 +445,15 @@ class UnsureTuner:
                     except torch.OutOfMemoryError:
                         time_of, release = None, None
                     if time_of is None:  # no room for the timing copies: the model decides
-                        winner, times = ranked[0], {}
+                        winner, ms, times = ranked[0], None, {}
                     else:
                         try:
-                            winner, times = self._pick(ranked, run, time_of, bound)
+                            winner, ms, times = self._pick(ranked, run, time_of, agree)
                         finally:
                             release()
-                finite = {c: t for c, t in times.items() if t < float("inf")}
                 with self._lock:
                     won[key] = winner
-                    self.op_entries[MOE_OP_NAME][key] = {"candidate": winner, "ms": finite.get(winner),
+                    self.op_entries[MOE_OP_NAME][key] = {"candidate": winner, "ms": ms,
                                                          "timed": times, "model_top1": ranked[0],
                                                          "routing": routing}
             picks[stage] = winner

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -808,20 +807,18 @@ def bytes_read(ops: Operands) -> int:
     return w + sum(t.numel() * t.element_size() for t in (ops.x, ops.out))
 
 
-def timing_copies(first: Operands, l2_bytes: int, max_copies: int = 64) -> list[Operands]:
-    """Operand sets to rotate over when timing ``first``'s stage, spanning >= 2x L2 of what a launch
-    reads. At decode a stage reads a few experts of an (E, N, K) weight: copies of the whole weight
-    (the harness's generic rule counts all E) left those few experts hot in L2 across graph replays,
-    up to 1.46x faster than read from HBM on the H100 (benchmarks/results/moe/README.md). The copies
-    here share the weights and shift topk_ids by whole strides of experts (e -> (e + j * stride) mod
-    E: the same histogram on other experts), so they cost no memory; as many as fit E distinct
-    strides. Where a launch reads most experts, one copy already spans 2x L2."""
-    per = bytes_read(first)
+def timing_copies(first: Operands, n_copies: int) -> list[Operands]:
+    """Up to ``n_copies`` operand sets to rotate over when timing ``first``'s stage (the harness asks
+    for as many as span 2x L2 of ``bytes_read``). At decode a stage reads a few experts of an
+    (E, N, K) weight: copies of the whole weight (the harness's generic rule counts all E) left
+    those few experts hot in L2 across graph replays, up to 1.46x faster than read from HBM on the
+    H100 (benchmarks/results/moe/README.md). The copies here share the weights and shift topk_ids
+    by whole strides of experts (e -> (e + j * stride) mod E: the same histogram on other experts),
+    so they cost no memory; at most as many as E holds distinct strides."""
     e = first.w.shape[0]
-    want = int(min(max_copies, max(1, math.ceil(2 * l2_bytes / max(per, 1)))))
     lo, hi = int(first.topk_ids.min()), int(first.topk_ids.max())
     stride = hi - lo + 1  # the span of experts one copy touches: shifted copies never share one
-    n = max(1, min(want, e // stride))
+    n = max(1, min(int(n_copies), e // stride))
     ids = first.topk_ids.long()
     return [first] + [dataclasses.replace(first, topk_ids=((ids + j * stride) % e).to(first.topk_ids.dtype))
                       for j in range(1, n)]
