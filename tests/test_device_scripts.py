@@ -26,7 +26,9 @@ set -uo pipefail
 . {HELPER}
 run={run}; out={out}
 sleep 1.1  # the stand-in driver starts after the old shard was written
-(echo started >&2; printf '{{"b": 1}}\\n{{"b": 2}}\\n' > $run/new-shard00of02.jsonl; sleep 1) \\
+# The stand-in waits before its shard, as a real driver does (it writes after its first shape):
+# written at once, the shard could share the pid file's mtime tick and not be "newer" than it.
+(echo started >&2; sleep 0.5; printf '{{"b": 1}}\\n{{"b": 2}}\\n' > $run/new-shard00of02.jsonl; sleep 1) \\
     >$run/driver.out 2>$run/driver.err &
 echo $! > $run/pid
 watch_and_collect "$run" "$out" {wait_s} "{only_new}" 0.2
