@@ -345,8 +345,10 @@ calls = []
 def latency(key):
     calls.append(key)
     if len(calls) == nth:  # in flight: tell the test, then wait to be killed
-        with open(ready, "w") as fh:
+        # Written aside, then renamed: the test polls for the file and must never read it half written.
+        with open(ready + ".tmp", "w") as fh:
             fh.write(key)
+        os.replace(ready + ".tmp", ready)
         time.sleep(120)
     return 5.0 + len(key) / 10.0
 
