@@ -47,19 +47,26 @@ def operand_sets(problem, seed: int, l2_bytes: int, device: str | torch.device =
     one on CPU) and the fp32 reference of the first, which the gate checks against."""
     from gemm_costmodel import registry
 
-    from .timing import copies_for
-
     impl = registry.get(op).impl_module()
     gen = torch.Generator(device=device)
     gen.manual_seed(seed_for(problem, seed))
     first = impl.make_operands(problem, device, gen)
     if str(device) == "cpu":
         return [first], impl.reference(first)
+    return timing_copies(impl, problem, first, gen, l2_bytes, device), impl.reference(first)
+
+
+def timing_copies(impl, problem, first, gen: torch.Generator, l2_bytes: int, device) -> list:
+    """``first`` and the further operand sets (of the op implementation ``impl``, drawn from
+    ``gen``) that a timer rotates over so that every launch reads its operands from HBM: >= 2x L2
+    of what the sets hold, or of what a launch reads where the op knows that itself
+    (``impl.timing_copies``: the MoE stages read a few experts of a large weight)."""
+    from .timing import copies_for
+
     if hasattr(impl, "timing_copies"):
-        # The op knows what a launch reads (the MoE stages: a few experts of a large weight).
-        return impl.timing_copies(first, copies_for(impl.bytes_read(first), l2_bytes)), impl.reference(first)
+        return impl.timing_copies(first, copies_for(impl.bytes_read(first), l2_bytes))
     n_copies = copies_for(first.nbytes, l2_bytes)
-    return [first] + [impl.make_operands(problem, device, gen) for _ in range(n_copies - 1)], impl.reference(first)
+    return [first] + [impl.make_operands(problem, device, gen) for _ in range(n_copies - 1)]
 
 
 def reference(ops) -> torch.Tensor:

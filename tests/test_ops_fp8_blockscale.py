@@ -6,6 +6,7 @@ scale layout); the quantiser's fp8 output is exact in fp32, so a compiled quanti
 function feeds ``x_q.float()`` to the GEMM. The dispatcher has no model here (an empty model
 folder): the op's fallback rule decides, and the tests check that the op launches its choice.
 """
+import json
 import math
 
 import pytest
@@ -306,3 +307,99 @@ def test_quantize_then_gemm_under_torch_compile_equals_eager(launched):
     x_q, xs = ops.quantize_fp8_per_token_group(x)
     assert _rel_err(y / 2.0, x_q.float(), w, xs, ws) <= I.ERROR_BOUNDS["fp32"]
     assert S.check_feasible(S.config_from_id(launched[0]), S.Problem(m, n, k, "fp16"))[0]
+
+
+# -- unsure mode --------------------------------------------------------------------------------
+
+RANKED = ["bstiled_m32n64k128_g1_w4s3", "bssplitk_m16n64k128_s2_w4s3", "bsswapab_m16n64k128_s2_w4s3"]
+
+
+class _RankedDispatcher:
+    """A block-scale dispatcher double with a fixed ranking (fp16/fp32 operands have no model)."""
+    op = OP
+    gpu_name = GPU
+
+    def __init__(self, ranked):
+        self.ranked, self.calls = ranked, []
+
+    def rank(self, m, n, k, dtype="fp8", count=8, **kw):
+        self.calls.append((m, n, k, dtype, count))
+        return [Choice(c, "model") for c in self.ranked[:count]]
+
+    def select(self, *a, **kw):
+        return self.rank(*a, **kw)[0]
+
+
+@pytest.fixture
+def unsure_bs(tmp_path, launched):
+    fake = _RankedDispatcher(RANKED)
+    ops.set_dispatcher(fake, op=OP)
+    ops.set_dispatcher(Dispatcher(gpu_name=GPU, models_dir=str(tmp_path / "none")))  # the dense op's
+    yield fake, launched
+    ops.disable_unsure_mode()
+    ops.set_dispatcher(None)
+
+
+def test_unsure_mode_times_the_top_k_on_the_call_operands_and_persists_the_winner(unsure_bs, tmp_path):
+    fake, launched = unsure_bs
+    m, n, k = 7, 200, 300
+    a, b, as_, bs = _operands(m, n, k, torch.float16, seed=21)
+    speed = dict(zip(RANKED, (3.0, 1.0, 2.0)))  # the model's second choice is the fastest
+    benched = []
+
+    def bench(fn):
+        fn()
+        benched.append(launched[-1])
+        return speed[launched[-1]]
+
+    cache = tmp_path / "tuned.json"
+    ops.enable_unsure_mode(k=3, cache_file=str(cache), bench=bench)
+    assert ops.choose_fp8_blockscale(a, b, as_, bs) == RANKED[1]
+    assert sorted(benched) == sorted(RANKED)
+    assert fake.calls == [(m, n, k, "fp16", 3)]  # fp16 operands are decided as fp16, k = 3
+    # Known shape: nothing is timed again; the op launches the winner and matches the reference.
+    launched.clear()
+    y = ops.gemm_fp8_blockscale(a, b, as_, bs)
+    assert launched == [RANKED[1]] and len(benched) == 3
+    assert _rel_err(y, a, b, as_, bs) <= I.ERROR_BOUNDS["fp16"]
+
+    body = json.loads(cache.read_text())
+    assert body["entries"] == {}  # the dense tuned-table part stays a valid (empty) table
+    ent = body["ops"][OP][f"fp16:{m}x{n}x{k}"]
+    assert ent == {"candidate": RANKED[1], "ms": 1.0, "timed": speed, "model_top1": RANKED[0]}
+    Dispatcher(gpu_name=GPU, models_dir=str(tmp_path / "none"), tuned_table=str(cache))
+
+    # A later process reloads the winner: nothing is timed, the model is not asked.
+    def no_bench(fn):
+        raise AssertionError("a persisted shape must not be timed again")
+
+    ops.enable_unsure_mode(k=3, cache_file=str(cache), bench=no_bench)
+    assert ops.choose_fp8_blockscale(a, b, as_, bs) == RANKED[1] and len(fake.calls) == 1
+    # Another M is another shape: timed (with blockscale_bench, which takes precedence over bench).
+    a2, _, as2, _ = _operands(3, n, k, torch.float16, seed=22)
+    ops.enable_unsure_mode(k=2, cache_file=str(cache), bench=no_bench, blockscale_bench=lambda fn: (fn(), 5.0)[1])
+    assert ops.choose_fp8_blockscale(a2, b, as2, bs) == RANKED[0]  # a tie: the model's order decides
+    body = json.loads(cache.read_text())
+    assert set(body["ops"][OP]) == {f"fp16:{m}x{n}x{k}", f"fp16:3x{n}x{k}"}
+
+
+def test_unsure_mode_never_picks_a_candidate_that_disagrees_with_the_model_first_choice(unsure_bs, monkeypatch):
+    fake, launched = unsure_bs
+    real = I.launch
+
+    def broken(cfg, *a, **kw):
+        y = real(cfg, *a, **kw)
+        return y * 1.1 if cfg.id == RANKED[1] else y  # a 10% error: far past the gate's bound
+
+    monkeypatch.setattr(I, "launch", broken)
+    a, b, as_, bs = _operands(7, 200, 300, torch.float16, seed=23)
+    order = []
+
+    def bench(fn):
+        order.append(1)
+        return [2.0, 3.0][len(order) - 1]  # RANKED[1] is skipped before timing: 2 calls only
+
+    tuner = ops.enable_unsure_mode(k=3, bench=bench)
+    assert ops.choose_fp8_blockscale(a, b, as_, bs) == RANKED[0]
+    timed = tuner.op_entries[OP]["fp16:7x200x300"]["timed"]
+    assert timed == {RANKED[0]: 2.0, RANKED[1]: float("inf"), RANKED[2]: 3.0} and len(order) == 2

@@ -18,12 +18,13 @@ benchmarks the model's top k candidates on the GPU, keeps the fastest, and
 persists the winner with provenance to a JSON file that later processes load as
 a tuned table. Cost: about k x (compile ~0.4 s when not cached + ~30 ms timing)
 on the first call per shape; none afterwards. Never benchmarks during CUDA-graph
-capture (the model's choice is used there). It serves the dense ops and the MoE
-layer (``fused_moe``: each stage's top k checked against the model's first
-choice on the call's operands, then timed as the dataset was, in CUDA graphs
-over rotating synthetic copies of the stage for the routing the caller names;
-an exact vLLM-table hit still wins first);
-not the block-scaled fp8 op.
+capture (the model's choice is used there). It serves the dense ops, the
+block-scaled fp8 GEMM and the MoE layer. The block-scaled GEMM and each MoE
+stage check their top k against the model's first choice on the call's
+operands, then time them as the dataset was timed, in CUDA graphs over rotating
+synthetic copies of the problem (an MoE stage's for the routing the caller
+names; an exact vLLM-table hit still wins first). The dense ops time with
+``triton.testing.do_bench`` on the call's operands.
 """
 from __future__ import annotations
 
@@ -196,6 +197,8 @@ def _check_blockscale(x, w, x_scale, w_scale) -> str:
 def choose_fp8_blockscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor) -> str:
     """The config id ``gemm_fp8_blockscale`` would launch for these operands (validates them)."""
     name = _check_blockscale(x, w, x_scale, w_scale)
+    if _unsure is not None:
+        return _unsure.choose_blockscale(x, w, x_scale, w_scale, name)
     m, k = x.shape
     return dispatcher(BS_OP_NAME).select(m, w.shape[0], k, _BS_DISPATCH_DTYPE[name]).candidate
 
@@ -286,26 +289,27 @@ def _do_bench(fn: Callable[[], object]) -> float:
     return float(triton.testing.do_bench(fn, warmup=3, rep=15))
 
 
-def _moe_stage_timer(problem):
-    """(time_of(config id) -> ms, release()) for one MoE stage, timed as the harness times it: its
-    CUDA-graph timer over rotating synthetic operand copies of the stage (``impl.timing_copies``:
-    >= 2x L2 of what a launch reads, so weights come from HBM as in serving; the user's tensors are
-    not copied). Measured on an H100
-    (benchmarks/explore/moe_unsure_check.py): eager ``do_bench`` read the decode stages at 1.1-20x
-    their graph time (median 1.9x: the host's launch path, not the kernel), and its top-k picks
-    were no better than the model's."""
+def _graph_timer(op_name: str, problem):
+    """(time_of(config id) -> ms, release()) for one problem of a non-dense op (an MoE stage, a
+    block-scaled GEMM), timed as the harness times it: its CUDA-graph timer over rotating
+    synthetic operand copies (``correctness.timing_copies``: >= 2x L2 of what a launch reads, so
+    weights come from HBM as in serving; the user's tensors are not copied). Measured on an H100
+    (benchmarks/explore/moe_unsure_check.py): eager ``do_bench`` read the MoE decode stages at
+    1.1-20x their graph time (median 1.9x: the host's launch path, not the kernel), and its top-k
+    picks were no better than the model's."""
+    from gemm_costmodel.benchmarks.correctness import timing_copies
     from gemm_costmodel.benchmarks.harness import free_device_memory
-    from gemm_costmodel.benchmarks.timing import GraphTimer, copies_for
+    from gemm_costmodel.benchmarks.timing import GraphTimer
 
+    impl = registry.get(op_name).impl_module()
     dev = torch.device("cuda", torch.cuda.current_device())
     gen = torch.Generator(device=dev).manual_seed(0)
-    # One synthetic copy of the stage; the rotation shifts its experts (no more weight memory).
-    first = MOE.make_operands(problem, dev, gen)
-    sets = MOE.timing_copies(first, copies_for(MOE.bytes_read(first), torch.cuda.get_device_properties(dev).L2_cache_size))
+    first = impl.make_operands(problem, dev, gen)
+    sets = timing_copies(impl, problem, first, gen, torch.cuda.get_device_properties(dev).L2_cache_size, dev)
     timer = GraphTimer()
 
     def time_of(cid: str) -> float:
-        cfg = _config(cid, MOE_OP_NAME)
+        cfg = _config(cid, op_name)
         return timer.measure(lambda i: sets[i].run(cfg), len(sets), key=cid).p50_us / 1e3
 
     def release() -> None:
@@ -323,22 +327,25 @@ class UnsureTuner:
     """Benchmark the model's top k on first sight of a shape; cache and persist the winner.
 
     The dense ops key a shape as ``<dtype>:<M>x<N>x<K>`` (the tuned-table format, so the file is a
-    Dispatcher tuned table); the MoE layer keys each stage as
-    ``<dtype>:<stage>:<M>x<N>x<K>:e<E>k<top_k>`` under the file's ``"ops": {"moe": ...}``, which
-    Dispatcher tuned tables ignore (they hold dense shapes only)."""
+    Dispatcher tuned table); the block-scaled GEMM keys it the same way under the file's
+    ``"ops": {"fp8_blockscale": ...}`` and the MoE layer each stage as
+    ``<dtype>:<stage>:<M>x<N>x<K>:e<E>k<top_k>`` under ``"ops": {"moe": ...}``; Dispatcher tuned
+    tables ignore ``"ops"`` (they hold dense shapes only)."""
 
     def __init__(self, d: Dispatcher, k: int = 8, cache_file: str | None = None,
                  bench: Callable[[Callable[[], object]], float] | None = None,
-                 moe_bench: Callable[[Callable[[], object]], float] | None = None):
+                 moe_bench: Callable[[Callable[[], object]], float] | None = None,
+                 blockscale_bench: Callable[[Callable[[], object]], float] | None = None):
         if type(k) is not int or k < 1:
             raise ValueError(f"k must be an int >= 1, got {k!r}")
         self.d, self.k, self.cache_file = d, k, cache_file
         self.bench = bench or _do_bench
         # An injected bench (tests) times both kinds of op unless the MoE one is given too; by
-        # default the MoE stages are timed by _moe_stage_timer (CUDA graphs, rotating copies).
+        # default the MoE stages are timed by _graph_timer (CUDA graphs, rotating copies).
         self.moe_bench = moe_bench or bench
+        self.blockscale_bench = blockscale_bench or bench
         self.entries: dict[str, dict] = {}
-        self.op_entries: dict[str, dict[str, dict]] = {MOE_OP_NAME: {}}
+        self.op_entries: dict[str, dict[str, dict]] = {MOE_OP_NAME: {}, BS_OP_NAME: {}}
         self._lock = threading.Lock()
         if cache_file and os.path.isfile(cache_file):
             with open(cache_file, encoding="utf-8") as fh:
@@ -372,6 +379,21 @@ class UnsureTuner:
         winner = min(finite, key=finite.get) if finite else ranked[0]
         return winner, finite.get(winner), times
 
+    def _timed_pick(self, op_name: str, problem, ranked: list[str], run, agree, bench):
+        """``_pick`` timed by ``bench(fn) -> ms`` when given, else by ``_graph_timer`` over
+        synthetic copies of ``problem``; without device memory for those copies the model's first
+        choice wins untimed."""
+        if bench is not None:
+            return self._pick(ranked, run, lambda cid: bench(lambda: run(cid)), agree)
+        try:
+            time_of, release = _graph_timer(op_name, problem)
+        except torch.OutOfMemoryError:
+            return ranked[0], None, {}
+        try:
+            return self._pick(ranked, run, time_of, agree)
+        finally:
+            release()
+
     def choose(self, x, w, scale_a, scale_b, dtype: str) -> str:
         m, k = x.shape
         n = w.shape[0]
@@ -391,6 +413,37 @@ class UnsureTuner:
         with self._lock:
             self._winners[key] = winner
             self.entries[key] = {"candidate": winner, "ms": ms, "timed": times, "model_top1": ranked[0]}
+            self._persist()
+        return winner
+
+    def choose_blockscale(self, x, w, x_scale, w_scale, name: str) -> str:
+        """The config id for validated block-scaled fp8 operands (``name`` their dtype): the
+        persisted winner of the shape, else the model's top k checked on these operands against
+        its first choice and timed (``blockscale_bench``, or CUDA graphs over synthetic copies of
+        the shape). The model's pick during CUDA-graph capture of a shape not tuned yet."""
+        m, k = x.shape
+        n = w.shape[0]
+        key = f"{name}:{m}x{n}x{k}"
+        won = self._op_winners[BS_OP_NAME]
+        hit = won.get(key)
+        if hit is not None:
+            return hit
+        d = dispatcher(BS_OP_NAME)
+        ddt = _BS_DISPATCH_DTYPE[name]
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            return d.select(m, n, k, ddt).candidate
+        ranked = [c.candidate for c in d.rank(m, n, k, ddt, count=self.k)]
+        bound = 2 * BS.ERROR_BOUNDS.get(name, 1e-2)
+
+        def run(cid):
+            return BS.launch(_config(cid, BS_OP_NAME), x, w, x_scale, w_scale)
+
+        winner, ms, times = self._timed_pick(BS_OP_NAME, _BS_OP.space_module().Problem(m, n, k, name), ranked, run,
+                                             lambda y, ref: _rel_diff(y, ref) <= bound, self.blockscale_bench)
+        with self._lock:
+            won[key] = winner
+            self.op_entries[BS_OP_NAME][key] = {"candidate": winner, "ms": ms, "timed": times,
+                                                "model_top1": ranked[0]}
             self._persist()
         return winner
 
@@ -435,22 +488,9 @@ class UnsureTuner:
                 def run(cid, stage=stage, inp=inp, w=w, a_s=a_s, w_s=w_s):
                     return MOE.launch(_config(cid, MOE_OP_NAME), stage, inp, w, topk_weights, topk_ids, None, a_s, w_s)
 
-                if self.moe_bench is not None:
-                    winner, ms, times = self._pick(ranked, run,
-                                                   lambda cid, run=run: self.moe_bench(lambda: run(cid)), agree)
-                else:
-                    try:
-                        time_of, release = _moe_stage_timer(
-                            _MOE_OP.space_module().Problem(m, n, kk, dt, e, top_k, stage, routing))
-                    except torch.OutOfMemoryError:
-                        time_of, release = None, None
-                    if time_of is None:  # no room for the timing copies: the model decides
-                        winner, ms, times = ranked[0], None, {}
-                    else:
-                        try:
-                            winner, ms, times = self._pick(ranked, run, time_of, agree)
-                        finally:
-                            release()
+                winner, ms, times = self._timed_pick(
+                    MOE_OP_NAME, _MOE_OP.space_module().Problem(m, n, kk, dt, e, top_k, stage, routing),
+                    ranked, run, agree, self.moe_bench)
                 with self._lock:
                     won[key] = winner
                     self.op_entries[MOE_OP_NAME][key] = {"candidate": winner, "ms": ms,
@@ -488,13 +528,16 @@ class UnsureTuner:
         os.replace(tmp, self.cache_file)
 
 
-def enable_unsure_mode(k: int = 8, cache_file: str | None = None, bench=None, moe_bench=None) -> UnsureTuner:
-    """Turn on unsure mode for the dense ops and the MoE layer (see the module docstring for its
-    cost). ``bench(fn) -> ms`` times a dense candidate (default: ``triton.testing.do_bench``);
-    ``moe_bench(fn) -> ms`` an MoE stage's on the call's operands (default: ``bench`` if given,
-    else the harness's CUDA-graph timer over rotating copies)."""
+def enable_unsure_mode(k: int = 8, cache_file: str | None = None, bench=None, moe_bench=None,
+                       blockscale_bench=None) -> UnsureTuner:
+    """Turn on unsure mode for the dense ops, the block-scaled fp8 GEMM and the MoE layer (see the
+    module docstring for its cost). ``bench(fn) -> ms`` times a dense candidate (default:
+    ``triton.testing.do_bench``); ``moe_bench(fn) -> ms`` an MoE stage's and ``blockscale_bench``
+    a block-scaled GEMM's on the call's operands (default: ``bench`` if given, else the harness's
+    CUDA-graph timer over rotating copies)."""
     global _unsure
-    _unsure = UnsureTuner(dispatcher(), k=k, cache_file=cache_file, bench=bench, moe_bench=moe_bench)
+    _unsure = UnsureTuner(dispatcher(), k=k, cache_file=cache_file, bench=bench, moe_bench=moe_bench,
+                          blockscale_bench=blockscale_bench)
     return _unsure
 
 
