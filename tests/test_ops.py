@@ -195,3 +195,49 @@ def test_unsure_mode_rejects_bad_k():
     for bad in (0, 2.0, None):
         with pytest.raises(ValueError, match="k must be"):
             ops.enable_unsure_mode(k=bad)
+
+
+class _FakeGraphTimer:
+    """Stands in for ops._graph_timer (which needs CUDA): records what it was asked to time."""
+
+    def __init__(self, times=None, oom=False):
+        self.times, self.oom, self.problems, self.released = times or {}, oom, [], 0
+
+    def __call__(self, op_name, problem):
+        self.problems.append((op_name, problem))
+        if self.oom:
+            raise torch.OutOfMemoryError("no room for the timing copies")
+
+        def release():
+            self.released += 1
+
+        return (lambda cid: self.times[cid]), release
+
+
+def test_unsure_mode_times_with_the_graph_timer_by_default_and_keeps_the_model_pick_without_memory(
+        disp, tmp_path, launched, monkeypatch):
+    from gemm_costmodel.kernels.gemm_configs import Problem
+
+    m, n, k = 6, 40, 72
+    x, w = _operands(m, n, k, seed=3)
+    ranked = [c.candidate for c in disp.rank(m, n, k, "fp16", count=3)]
+    fake = _FakeGraphTimer(dict(zip(ranked, (2.0, 3.0, 1.0))))
+    monkeypatch.setattr(ops, "_graph_timer", fake)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    tuner = ops.enable_unsure_mode(k=3)
+    assert ops.choose(x, w) == ranked[2]
+    # One timer per shape, for the dense op's problem (the operands' dtype), released after use.
+    assert fake.problems == [("gemm", Problem(m, n, k, "fp16"))] and fake.released == 1
+    assert tuner.entries[f"fp16:{m}x{n}x{k}"]["timed"] == dict(zip(ranked, (2.0, 3.0, 1.0)))
+    # No device memory for the copies: the model's first choice, untimed.
+    x2, w2 = _operands(m + 1, n, k, seed=4)
+    monkeypatch.setattr(ops, "_graph_timer", _FakeGraphTimer(oom=True))
+    assert ops.choose(x2, w2) == disp.select(m + 1, n, k, "fp16").candidate
+    assert tuner.entries[f"fp16:{m + 1}x{n}x{k}"] == {
+        "candidate": disp.select(m + 1, n, k, "fp16").candidate, "ms": None, "timed": {},
+        "model_top1": disp.select(m + 1, n, k, "fp16").candidate}
+    # Without CUDA (the interpreter), nothing is timed either.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(ops, "_graph_timer", _FakeGraphTimer(oom=True))
+    x3, w3 = _operands(m + 2, n, k, seed=5)
+    assert ops.choose(x3, w3) == disp.select(m + 2, n, k, "fp16").candidate

@@ -403,3 +403,21 @@ def test_unsure_mode_never_picks_a_candidate_that_disagrees_with_the_model_first
     assert ops.choose_fp8_blockscale(a, b, as_, bs) == RANKED[0]
     timed = tuner.op_entries[OP]["fp16:7x200x300"]["timed"]
     assert timed == {RANKED[0]: 2.0, RANKED[1]: float("inf"), RANKED[2]: 3.0} and len(order) == 2
+
+
+def test_unsure_mode_times_with_the_graph_timer_by_default(unsure_bs, monkeypatch):
+    fake, launched = unsure_bs
+    m, n, k = 7, 200, 300
+    a, b, as_, bs = _operands(m, n, k, torch.float16, seed=24)
+    asked = []
+
+    def graph_timer(op_name, problem):
+        asked.append((op_name, problem))
+        return (lambda cid: {RANKED[0]: 2.0, RANKED[1]: 3.0, RANKED[2]: 1.5}[cid]), lambda: asked.append("released")
+
+    monkeypatch.setattr(ops, "_graph_timer", graph_timer)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    ops.enable_unsure_mode(k=3)
+    assert ops.choose_fp8_blockscale(a, b, as_, bs) == RANKED[2]
+    # Timed on synthetic copies of the op's own problem, in the operands' dtype, then released.
+    assert asked == [(OP, S.Problem(m, n, k, "fp16")), "released"]

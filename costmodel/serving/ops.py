@@ -19,12 +19,12 @@ persists the winner with provenance to a JSON file that later processes load as
 a tuned table. Cost: about k x (compile ~0.4 s when not cached + ~30 ms timing)
 on the first call per shape; none afterwards. Never benchmarks during CUDA-graph
 capture (the model's choice is used there). It serves the dense ops, the
-block-scaled fp8 GEMM and the MoE layer. The block-scaled GEMM and each MoE
-stage check their top k against the model's first choice on the call's
-operands, then time them as the dataset was timed, in CUDA graphs over rotating
-synthetic copies of the problem (an MoE stage's for the routing the caller
-names; an exact vLLM-table hit still wins first). The dense ops time with
-``triton.testing.do_bench`` on the call's operands.
+block-scaled fp8 GEMM and the MoE layer alike: the top k are checked against
+the model's first choice on the call's operands, then timed as the dataset was
+timed, in CUDA graphs over rotating synthetic copies of the problem (an MoE
+stage's for the routing the caller names; an exact vLLM-table hit still wins
+first). A problem whose timing copies do not fit in device memory keeps the
+model's choice.
 """
 from __future__ import annotations
 
@@ -283,20 +283,16 @@ def quantize_fp8_per_token_group(x: torch.Tensor, group: int = BS.GROUP_K) -> tu
 
 # -- unsure mode -----------------------------------------------------------------------
 
-def _do_bench(fn: Callable[[], object]) -> float:
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=3, rep=15))
-
-
 def _graph_timer(op_name: str, problem):
-    """(time_of(config id) -> ms, release()) for one problem of a non-dense op (an MoE stage, a
-    block-scaled GEMM), timed as the harness times it: its CUDA-graph timer over rotating
+    """(time_of(config id) -> ms, release()) for one problem of an op (a dense GEMM, a block-scaled
+    GEMM, an MoE stage), timed as the harness times it: its CUDA-graph timer over rotating
     synthetic operand copies (``correctness.timing_copies``: >= 2x L2 of what a launch reads, so
-    weights come from HBM as in serving; the user's tensors are not copied). Measured on an H100
-    (benchmarks/explore/moe_unsure_check.py): eager ``do_bench`` read the MoE decode stages at
-    1.1-20x their graph time (median 1.9x: the host's launch path, not the kernel), and its top-k
-    picks were no better than the model's."""
+    weights come from HBM as in serving; the user's tensors are not copied). Measured on an H100:
+    eager ``triton.testing.do_bench`` read the MoE decode stages at 1.1-20x their graph time
+    (median 1.9x: the host's launch path, not the kernel) and its top-k picks were no better than
+    the model's (benchmarks/explore/moe_unsure_check.py); on 30 dense shapes it read 1.23x the
+    graph time and picked a config 1.107x off the graph timer's best on one of them
+    (benchmarks/explore/unsure_timer_check.py)."""
     from gemm_costmodel.benchmarks.correctness import timing_copies
     from gemm_costmodel.benchmarks.harness import free_device_memory
     from gemm_costmodel.benchmarks.timing import GraphTimer
@@ -339,9 +335,9 @@ class UnsureTuner:
         if type(k) is not int or k < 1:
             raise ValueError(f"k must be an int >= 1, got {k!r}")
         self.d, self.k, self.cache_file = d, k, cache_file
-        self.bench = bench or _do_bench
-        # An injected bench (tests) times both kinds of op unless the MoE one is given too; by
-        # default the MoE stages are timed by _graph_timer (CUDA graphs, rotating copies).
+        # An injected bench (tests) times every op unless an op's own is given too; by default
+        # every op is timed by _graph_timer (CUDA graphs over rotating synthetic copies).
+        self.bench = bench
         self.moe_bench = moe_bench or bench
         self.blockscale_bench = blockscale_bench or bench
         self.entries: dict[str, dict] = {}
@@ -381,10 +377,12 @@ class UnsureTuner:
 
     def _timed_pick(self, op_name: str, problem, ranked: list[str], run, agree, bench):
         """``_pick`` timed by ``bench(fn) -> ms`` when given, else by ``_graph_timer`` over
-        synthetic copies of ``problem``; without device memory for those copies the model's first
-        choice wins untimed."""
+        synthetic copies of ``problem``; without CUDA, or without device memory for those copies,
+        the model's first choice wins untimed."""
         if bench is not None:
             return self._pick(ranked, run, lambda cid: bench(lambda: run(cid)), agree)
+        if not torch.cuda.is_available():  # the CPU interpreter: no graph timer to time with
+            return ranked[0], None, {}
         try:
             time_of, release = _graph_timer(op_name, problem)
         except torch.OutOfMemoryError:
@@ -408,8 +406,9 @@ class UnsureTuner:
         def run(cid):
             return K.launch(_config(cid), x, w, None, scale_a, scale_b)
 
-        winner, ms, times = self._pick(ranked, run, lambda cid: self.bench(lambda: run(cid)),
-                                       lambda y, ref: torch.allclose(y.float(), ref, rtol=2e-2, atol=2e-2))
+        winner, ms, times = self._timed_pick(_OP.name, _OP.space_module().Problem(m, n, k, dtype), ranked, run,
+                                             lambda y, ref: torch.allclose(y.float(), ref, rtol=2e-2, atol=2e-2),
+                                             self.bench)
         with self._lock:
             self._winners[key] = winner
             self.entries[key] = {"candidate": winner, "ms": ms, "timed": times, "model_top1": ranked[0]}
@@ -531,10 +530,10 @@ class UnsureTuner:
 def enable_unsure_mode(k: int = 8, cache_file: str | None = None, bench=None, moe_bench=None,
                        blockscale_bench=None) -> UnsureTuner:
     """Turn on unsure mode for the dense ops, the block-scaled fp8 GEMM and the MoE layer (see the
-    module docstring for its cost). ``bench(fn) -> ms`` times a dense candidate (default:
-    ``triton.testing.do_bench``); ``moe_bench(fn) -> ms`` an MoE stage's and ``blockscale_bench``
-    a block-scaled GEMM's on the call's operands (default: ``bench`` if given, else the harness's
-    CUDA-graph timer over rotating copies)."""
+    module docstring for its cost). By default every candidate is timed by the harness's
+    CUDA-graph timer over rotating synthetic copies of the problem; ``bench(fn) -> ms`` replaces
+    that timer for every op (``fn`` runs the candidate on the call's operands), ``moe_bench`` for
+    the MoE stages only and ``blockscale_bench`` for the block-scaled GEMM only."""
     global _unsure
     _unsure = UnsureTuner(dispatcher(), k=k, cache_file=cache_file, bench=bench, moe_bench=moe_bench,
                           blockscale_bench=blockscale_bench)
