@@ -1,4 +1,5 @@
-"""Does the dense unsure mode's timer (eager ``triton.testing.do_bench``, ops._do_bench) read what
+"""Does the dense unsure mode's timer as it was (eager ``triton.testing.do_bench``, warmup 3, rep 15;
+unsure mode has since moved to the graph timer, ``ops._graph_timer``) read what
 the dataset's CUDA-graph timer reads? On the MoE stages it read the host's launch path (median
 1.94x the graph time; benchmarks/results/moe/README.md). Here: decode and prefill dense shapes of
 held-out weights, the shipped model's top 4 each, timed both ways in one process (the graph timer
@@ -10,6 +11,7 @@ own tensors), and whether the two pick the same config.
 import statistics
 
 import torch
+import triton.testing
 
 from gemm_costmodel import registry
 from gemm_costmodel.benchmarks import correctness as C
@@ -38,7 +40,7 @@ def main():
             sets[0].run(cfg)
             g[cid] = statistics.median(timer.measure(lambda i, c=cfg: sets[i].run(c), len(sets), key=cid).p50_us
                                        for _ in range(3))
-            b[cid] = ops._do_bench(lambda c=cfg: sets[0].run(c)) * 1e3
+            b[cid] = float(triton.testing.do_bench(lambda c=cfg: sets[0].run(c), warmup=3, rep=15)) * 1e3
         r = [b[c] / g[c] for c in top]
         ratios += r
         gb, bb = min(g, key=g.get), min(b, key=b.get)
