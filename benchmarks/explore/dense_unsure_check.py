@@ -21,19 +21,20 @@ Rows go to OUT (JSON lines, appended; a rerun skips the shapes already there).
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
 import torch
 
 from gemm_costmodel import registry
-from gemm_costmodel.benchmarks import correctness as C
 from gemm_costmodel.benchmarks.timing import GraphTimer
 from gemm_costmodel.kernels import gemm_configs as G
 from gemm_costmodel.kernels.gemm_op import ERROR_BOUNDS, make_operands, reference
 from gemm_costmodel.serving import ops
 from gemm_costmodel.serving.runtime import Dispatcher
+
+import unsure_eval
+from unsure_eval import rel
 
 ROUNDS = 3
 KS = (2, 4)
@@ -41,9 +42,6 @@ NK = [(10240, 5120), (25600, 5120), (5120, 12800), (8192, 5376), (5376, 4096), (
       (15360, 5120), (5376, 5376), (10752, 5376), (12800, 5120), (6400, 5120)]
 MS = (1, 16, 512)
 
-
-def rel(y, ref):
-    return (torch.linalg.vector_norm(y.float() - ref) / torch.linalg.vector_norm(ref)).item()
 
 
 def ops_check(cache: str) -> int:
@@ -111,34 +109,9 @@ def main():
             gemv = [c.id for c in G.feasible_configs(prob) if isinstance(c, G.GemvConfig)]
             cands = [c for c in dict.fromkeys(top + [unsure[kk] for kk in KS] + gemv + ["cublas", op.default_config])
                      if G.check_feasible(G.config_from_id(c), prob)[0]]
-            sets, ref = C.operand_sets(prob, 0, l2, "cuda", "gemm")
-            status = {}
-            for cid in cands:  # gate first: a wrong result is a row, never a time
-                try:
-                    err = rel(sets[0].run(op.config_from_id(cid)), ref)
-                    status[cid] = "ok" if err <= ERROR_BOUNDS["bf16"] else f"wrong ({err:.1e})"
-                except Exception as exc:  # noqa: BLE001 - a failure is a row
-                    status[cid] = f"error: {str(exc)[:120]}"
-            ok_c = [c for c in cands if status[c] == "ok"]
-            times = {c: [] for c in ok_c}
-            for r in range(ROUNDS):
-                for cid in ok_c[r % len(ok_c):] + ok_c[:r % len(ok_c)]:
-                    cfg = op.config_from_id(cid)
-                    times[cid].append(timer.measure(lambda i, c=cfg: sets[i].run(c), len(sets), key=cid).p50_us)
-            del sets, ref
-            torch.cuda.empty_cache()
-            p50 = {c: statistics.median(times[c]) for c in ok_c}
-            best = min(p50.values())
-            row = {"kind": "shape", "gpu": gpu, "m": m, "n": n, "k": k, "model_top": top,
-                   "unsure": {str(kk): unsure[kk] for kk in KS},
-                   "unsure_timed": {str(kk): unsure[f"timed{kk}"] for kk in KS},
-                   "p50_us": p50, "rounds_us": times, "status": status, "best_us": best,
-                   "seconds": time.perf_counter() - t0}
-            with open(args.out, "a") as fh:
-                fh.write(json.dumps(row) + "\n")
-            print(f"{m}x{n}x{k} ({time.perf_counter() - t0:.0f}s, {len(ok_c)} timed): best {best:.2f} us, model "
-                  f"{p50.get(top[0], float('nan')) / best:.3f} "
-                  + " ".join(f"u{kk} {p50.get(unsure[kk], float('nan')) / best:.3f}" for kk in KS), flush=True)
+            status, times, p50 = unsure_eval.time_candidates("gemm", prob, cands, ERROR_BOUNDS["bf16"], timer, l2,
+                                                             ROUNDS)
+            unsure_eval.record(args.out, gpu, (m, n, k), top, unsure, KS, status, times, p50, t0)
     return 1 if bad else 0
 
 
