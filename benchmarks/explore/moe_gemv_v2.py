@@ -39,6 +39,8 @@ from gemm_costmodel.kernels.moe.impl import _gemv_w, _gemv_x
 
 ROUNDS = 3
 STAGES = (1, 3)
+DOWN_KINDS = ("unroll",)
+DOWN_ONLY = False
 
 
 @triton.jit(do_not_specialize=["num_n"])
@@ -71,6 +73,50 @@ def down_unrolled_kernel(x_ptr, w_ptr, out_ptr, ids_ptr, tw_ptr, a_scale_ptr, w_
     tl.store(out_ptr + t * stride_om + offs_n, y.to(out_ptr.dtype.element_ty), mask=offs_n < N)
 
 
+@triton.jit(do_not_specialize=["num_n"])
+def down_const_kernel(x_ptr, w_ptr, out_ptr, ids_ptr, tw_ptr, a_scale_ptr, w_scale_ptr, N, K, num_n,
+                      stride_xm, stride_we, stride_wn, stride_om,
+                      TOP_K: tl.constexpr, K_OUTER: tl.constexpr, HAS_SCALE: tl.constexpr, QUANT_X: tl.constexpr,
+                      EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """moe_gemv_down_kernel with top_k a constexpr (a known trip count, the loops not unrolled);
+    K_OUTER: the K loop outside the expert loop."""
+    pid = tl.program_id(0)
+    pid_n = pid % num_n
+    t = (pid // num_n).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = tl.where(offs_n < N, offs_n, 0)
+    a_scale = 1.0
+    if QUANT_X:
+        a_scale = tl.load(a_scale_ptr)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    if K_OUTER:
+        for kt in range(0, tl.cdiv(K, BLOCK_K)):
+            offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
+            for j in range(0, TOP_K):
+                p = t * TOP_K + j
+                e = tl.load(ids_ptr + p).to(tl.int64)
+                wt = tl.load(tw_ptr + p).to(tl.float32)
+                if HAS_SCALE:
+                    wt = wt * (tl.load(a_scale_ptr) * tl.load(w_scale_ptr + e))
+                w_rows = w_ptr + e * stride_we + rn[:, None] * stride_wn
+                x = _gemv_x(x_ptr, p, stride_xm, offs_k, K, a_scale, QUANT_X, EVEN_K) * wt
+                acc += _gemv_w(w_rows, offs_k, K, EVEN_K) * x[None, :]
+    else:
+        for j in range(0, TOP_K):
+            p = t * TOP_K + j
+            e = tl.load(ids_ptr + p).to(tl.int64)
+            wt = tl.load(tw_ptr + p).to(tl.float32)
+            if HAS_SCALE:
+                wt = wt * (tl.load(a_scale_ptr) * tl.load(w_scale_ptr + e))
+            w_rows = w_ptr + e * stride_we + rn[:, None] * stride_wn
+            for kt in range(0, tl.cdiv(K, BLOCK_K)):
+                offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
+                x = _gemv_x(x_ptr, p, stride_xm, offs_k, K, a_scale, QUANT_X, EVEN_K) * wt
+                acc += _gemv_w(w_rows, offs_k, K, EVEN_K) * x[None, :]
+    y = tl.sum(acc, axis=1)
+    tl.store(out_ptr + t * stride_om + offs_n, y.to(out_ptr.dtype.element_ty), mask=offs_n < N)
+
+
 def launch(kind: str, cfg: S.MoeGemvConfig, stages: int, ops: impl.Operands):
     """One stage of ``ops`` with the committed kernels at ``stages`` (kind 'cur') or the unrolled
     down kernel ('unroll')."""
@@ -97,6 +143,10 @@ def launch(kind: str, cfg: S.MoeGemvConfig, stages: int, ops: impl.Operands):
         impl.moe_gemv_down_kernel[grid](
             x, w, out, ids, tw, *scales, N, K, num_n, top_k, x.stride(0), w.stride(0), w.stride(1),
             out.stride(0), **common)
+    elif kind in ("const", "kouter"):
+        down_const_kernel[grid](
+            x, w, out, ids, tw, *scales, N, K, num_n, x.stride(0), w.stride(0), w.stride(1),
+            out.stride(0), TOP_K=top_k, K_OUTER=kind == "kouter", **common)
     else:
         down_unrolled_kernel[grid](
             x, w, out, ids, tw, *scales, N, K, num_n, x.stride(0), w.stride(0), w.stride(1),
@@ -112,9 +162,11 @@ def candidates(prob: S.Problem) -> list[tuple[str, S.MoeGemvConfig, int]]:
         if not isinstance(cfg, S.MoeGemvConfig):
             continue
         for st in STAGES:
-            out.append((f"{cfg.id}:s{st}", cfg, st))
+            if prob.stage == "down" or not DOWN_ONLY:
+                out.append((f"{cfg.id}:s{st}", cfg, st))
             if prob.stage == "down":
-                out.append((f"{cfg.id}:unroll:s{st}", cfg, st))
+                for kind in DOWN_KINDS:
+                    out.append((f"{cfg.id}:{kind}:s{st}", cfg, st))
     return out
 
 
@@ -136,7 +188,13 @@ def problems(n_train: int, seed: int = 0) -> list[S.Problem]:
 
 
 def _label_kind(label: str) -> str:
-    return "unroll" if ":unroll:" in label else "cur"
+    parts = label.split(":")
+    return parts[1] if len(parts) == 3 else "cur"
+
+
+def _init(stages, kinds, down_only):
+    global STAGES, DOWN_KINDS, DOWN_ONLY
+    STAGES, DOWN_KINDS, DOWN_ONLY = stages, kinds, down_only
 
 
 def _warm(prob: S.Problem) -> int:
@@ -161,16 +219,23 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--train", type=int, default=24, help="training M = 1 stage shapes per dtype")
     ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--stages", default="1,3", help="num_stages values, comma-separated")
+    ap.add_argument("--down-kinds", default="unroll", help="down-kernel variants: unroll, const, kouter")
+    ap.add_argument("--down-only", action="store_true", help="time only the down stage")
     args = ap.parse_args()
+    global STAGES, DOWN_KINDS, DOWN_ONLY
+    STAGES = tuple(int(v) for v in args.stages.split(","))
+    DOWN_KINDS = tuple(args.down_kinds.split(",")) if args.down_kinds else ()
+    DOWN_ONLY = args.down_only
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "moe_gemv_v2.jsonl")
     done = set()
     if os.path.exists(path):
         with open(path) as fh:
             done = {json.loads(line)["problem"] for line in fh if line.strip()}
-    probs = [(s, p) for s, p in problems(args.train) if repr(p) not in done]
+    probs = [(s, p) for s, p in problems(args.train) if repr(p) not in done and (p.stage == "down" or not DOWN_ONLY)]
     t0 = time.perf_counter()
-    with mp.get_context("spawn").Pool(args.workers) as pool:
+    with mp.get_context("spawn").Pool(args.workers, initializer=_init, initargs=(STAGES, DOWN_KINDS, DOWN_ONLY)) as pool:
         compiled = sum(pool.map(_warm, [p for _, p in probs], chunksize=1))
     print(f"warmed {compiled} launches over {len(probs)} problems in {time.perf_counter() - t0:.0f}s", flush=True)
     timer = GraphTimer()
@@ -204,7 +269,7 @@ def main():
         sets = ref = None
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-        cur = {k: v for k, v in p50.items() if k.endswith(":s1") and ":unroll" not in k}
+        cur = {k: v for k, v in p50.items() if k.count(":") == 1 and k.endswith(":s1")}
         best_cur, best = min(cur.values()), min(p50.values())
         print(f"{suite} {prob.dtype} {prob.stage} {prob.n}x{prob.k} e{prob.e}k{prob.top_k}: committed best "
               f"{best_cur:.2f} us, all best {best:.2f} ({min(p50, key=p50.get)}) gain {best_cur / best:.3f}; "
