@@ -4,7 +4,8 @@ xgboost regressor on log2(t / the problem's best GEMV time), leave-one-family-ou
 family), pick = the lowest prediction among the problem's GEMV configs, scored against its best.
 Feature sets: the op's features as trained ("base"), plus log2 of the largest power of two
 dividing K x element bytes ("stride_tz", capped at 16), plus that of N x element bytes and K's
-remainder over the K tile. Results: models/NOTES.md, "Weight-row alignment".
+remainder over the K tile; or the bytes a thread loads per row and K step and the masked share
+of the last K tile. Results: models/NOTES.md, "Weight-row alignment".
 
     python benchmarks/explore/gemv_row_align.py fp8_blockscale|moe|gemm
 """
@@ -37,7 +38,13 @@ tz = np.array([min((int(s) & -int(s)).bit_length() - 1, 16) for s in stride])
 nstride = d.n.to_numpy() * ib
 tzn = np.array([min((int(s) & -int(s)).bit_length() - 1, 16) for s in nstride])
 kmod = (d.k.to_numpy() % d.block_k.to_numpy()) / d.block_k.to_numpy()
-variants = {'base': X, 'stride_tz': np.column_stack([X, tz]), 'stride_tz+n_tz+kmod': np.column_stack([X, tz, tzn, kmod])}
+# Bytes each thread loads per weight row and K step (Triton's blocked layout gives a thread at most
+# 16 contiguous bytes; a (block_n, block_k) tile over 32 x warps threads gives it fewer when small:
+# fp8 1x512 over 4 warps is 4-byte loads), and the share of the last K tile that is masked.
+loadb = np.log2(np.minimum(16, d.block_n.to_numpy() * d.block_k.to_numpy() * ib / (32 * d.num_warps.to_numpy())))
+tail = 1 - d.k.to_numpy() / (np.ceil(d.k.to_numpy() / d.block_k.to_numpy()) * d.block_k.to_numpy())
+variants = {'base': X, 'stride_tz': np.column_stack([X, tz]), 'stride_tz+n_tz+kmod': np.column_stack([X, tz, tzn, kmod]),
+            'load_bytes': np.column_stack([X, loadb]), 'load_bytes+tail': np.column_stack([X, loadb, tail])}
 d['fam'] = d.origins.map(lambda o: sorted(families_of(o))[0])
 fams = sorted(d.fam.unique())
 for name, XX in variants.items():
