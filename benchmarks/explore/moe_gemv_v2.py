@@ -41,6 +41,7 @@ ROUNDS = 3
 STAGES = (1, 3)
 DOWN_KINDS = ("unroll",)
 DOWN_ONLY = False
+PEEL = False
 
 
 @triton.jit(do_not_specialize=["num_n"])
@@ -117,6 +118,81 @@ def down_const_kernel(x_ptr, w_ptr, out_ptr, ids_ptr, tw_ptr, a_scale_ptr, w_sca
     tl.store(out_ptr + t * stride_om + offs_n, y.to(out_ptr.dtype.element_ty), mask=offs_n < N)
 
 
+@triton.jit(do_not_specialize=["num_n", "top_k"])
+def gate_up_peel_kernel(x_ptr, w_ptr, out_ptr, ids_ptr, a_scale_ptr, w_scale_ptr, I, K, num_n, top_k,
+                        stride_xm, stride_we, stride_wn, stride_om,
+                        HAS_SCALE: tl.constexpr, QUANT_X: tl.constexpr, EVEN_K: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """moe_gemv_gate_up_kernel with the K loop over whole tiles unmasked and the partial last tile
+    peeled off (the committed kernel masks every tile when K % BLOCK_K != 0)."""
+    pid = tl.program_id(0)
+    pid_n = pid % num_n
+    p = (pid // num_n).to(tl.int64)
+    e = tl.load(ids_ptr + p).to(tl.int64)
+    t = p // top_k
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = tl.where(offs_n < I, offs_n, 0)
+    g_rows = w_ptr + e * stride_we + rn[:, None] * stride_wn
+    u_rows = g_rows + I * stride_wn
+    a_scale = 1.0
+    if QUANT_X:
+        a_scale = tl.load(a_scale_ptr)
+    acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for kt in range(0, K // BLOCK_K):
+        offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
+        x = _gemv_x(x_ptr, t, stride_xm, offs_k, K, a_scale, QUANT_X, True)[None, :]
+        acc_g += _gemv_w(g_rows, offs_k, K, True) * x
+        acc_u += _gemv_w(u_rows, offs_k, K, True) * x
+    if not EVEN_K:
+        offs_k = (K // BLOCK_K) * BLOCK_K + tl.arange(0, BLOCK_K)
+        x = _gemv_x(x_ptr, t, stride_xm, offs_k, K, a_scale, QUANT_X, False)[None, :]
+        acc_g += _gemv_w(g_rows, offs_k, K, False) * x
+        acc_u += _gemv_w(u_rows, offs_k, K, False) * x
+    g = tl.sum(acc_g, axis=1)
+    u = tl.sum(acc_u, axis=1)
+    if HAS_SCALE:
+        s = tl.load(a_scale_ptr) * tl.load(w_scale_ptr + e)
+        g = g * s
+        u = u * s
+    y = g * tl.sigmoid(g) * u
+    tl.store(out_ptr + p * stride_om + offs_n, y.to(out_ptr.dtype.element_ty), mask=offs_n < I)
+
+
+@triton.jit(do_not_specialize=["num_n", "top_k"])
+def down_peel_kernel(x_ptr, w_ptr, out_ptr, ids_ptr, tw_ptr, a_scale_ptr, w_scale_ptr, N, K, num_n, top_k,
+                     stride_xm, stride_we, stride_wn, stride_om,
+                     HAS_SCALE: tl.constexpr, QUANT_X: tl.constexpr, EVEN_K: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """moe_gemv_down_kernel with the partial last K tile peeled off, as gate_up_peel_kernel."""
+    pid = tl.program_id(0)
+    pid_n = pid % num_n
+    t = (pid // num_n).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = tl.where(offs_n < N, offs_n, 0)
+    a_scale = 1.0
+    if QUANT_X:
+        a_scale = tl.load(a_scale_ptr)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for j in range(0, top_k):
+        p = t * top_k + j
+        e = tl.load(ids_ptr + p).to(tl.int64)
+        wt = tl.load(tw_ptr + p).to(tl.float32)
+        if HAS_SCALE:
+            wt = wt * (tl.load(a_scale_ptr) * tl.load(w_scale_ptr + e))
+        w_rows = w_ptr + e * stride_we + rn[:, None] * stride_wn
+        for kt in range(0, K // BLOCK_K):
+            offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
+            x = _gemv_x(x_ptr, p, stride_xm, offs_k, K, a_scale, QUANT_X, True) * wt
+            acc += _gemv_w(w_rows, offs_k, K, True) * x[None, :]
+        if not EVEN_K:
+            offs_k = (K // BLOCK_K) * BLOCK_K + tl.arange(0, BLOCK_K)
+            x = _gemv_x(x_ptr, p, stride_xm, offs_k, K, a_scale, QUANT_X, False) * wt
+            acc += _gemv_w(w_rows, offs_k, K, False) * x[None, :]
+    y = tl.sum(acc, axis=1)
+    tl.store(out_ptr + t * stride_om + offs_n, y.to(out_ptr.dtype.element_ty), mask=offs_n < N)
+
+
 def launch(kind: str, cfg: S.MoeGemvConfig, stages: int, ops: impl.Operands):
     """One stage of ``ops`` with the committed kernels at ``stages`` (kind 'cur') or the unrolled
     down kernel ('unroll')."""
@@ -130,10 +206,11 @@ def launch(kind: str, cfg: S.MoeGemvConfig, stages: int, ops: impl.Operands):
     common = dict(HAS_SCALE=fp8, QUANT_X=quant, EVEN_K=K % cfg.block_k == 0, BLOCK_N=cfg.block_n,
                   BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=stages)
     if ops.stage == "gate_up":
-        assert kind == "cur"
+        assert kind in ("cur", "peel")
         i = N // 2
         num_n = triton.cdiv(i, cfg.block_n)
-        impl.moe_gemv_gate_up_kernel[(num_n * ids.numel(),)](
+        kernel = gate_up_peel_kernel if kind == "peel" else impl.moe_gemv_gate_up_kernel
+        kernel[(num_n * ids.numel(),)](
             x, w, out, ids, *scales, i, K, num_n, top_k, x.stride(0), w.stride(0), w.stride(1), out.stride(0),
             **common)
         return out
@@ -141,6 +218,10 @@ def launch(kind: str, cfg: S.MoeGemvConfig, stages: int, ops: impl.Operands):
     grid = (num_n * ids2.shape[0],)
     if kind == "cur":
         impl.moe_gemv_down_kernel[grid](
+            x, w, out, ids, tw, *scales, N, K, num_n, top_k, x.stride(0), w.stride(0), w.stride(1),
+            out.stride(0), **common)
+    elif kind == "peel":
+        down_peel_kernel[grid](
             x, w, out, ids, tw, *scales, N, K, num_n, top_k, x.stride(0), w.stride(0), w.stride(1),
             out.stride(0), **common)
     elif kind in ("const", "kouter"):
@@ -167,6 +248,8 @@ def candidates(prob: S.Problem) -> list[tuple[str, S.MoeGemvConfig, int]]:
             if prob.stage == "down":
                 for kind in DOWN_KINDS:
                     out.append((f"{cfg.id}:{kind}:s{st}", cfg, st))
+            if PEEL and (prob.stage == "down" or not DOWN_ONLY) and "peel" not in DOWN_KINDS:
+                out.append((f"{cfg.id}:peel:s{st}", cfg, st))
     return out
 
 
@@ -192,9 +275,9 @@ def _label_kind(label: str) -> str:
     return parts[1] if len(parts) == 3 else "cur"
 
 
-def _init(stages, kinds, down_only):
-    global STAGES, DOWN_KINDS, DOWN_ONLY
-    STAGES, DOWN_KINDS, DOWN_ONLY = stages, kinds, down_only
+def _init(stages, kinds, down_only, peel):
+    global STAGES, DOWN_KINDS, DOWN_ONLY, PEEL
+    STAGES, DOWN_KINDS, DOWN_ONLY, PEEL = stages, kinds, down_only, peel
 
 
 def _warm(prob: S.Problem) -> int:
@@ -222,8 +305,12 @@ def main():
     ap.add_argument("--stages", default="1,3", help="num_stages values, comma-separated")
     ap.add_argument("--down-kinds", default="unroll", help="down-kernel variants: unroll, const, kouter")
     ap.add_argument("--down-only", action="store_true", help="time only the down stage")
+    ap.add_argument("--peel", action="store_true", help="also time both stages with the partial last K tile peeled")
+    ap.add_argument("--uneven-first", action="store_true",
+                    help="problems whose K some GEMV K tile does not divide first")
     args = ap.parse_args()
-    global STAGES, DOWN_KINDS, DOWN_ONLY
+    global STAGES, DOWN_KINDS, DOWN_ONLY, PEEL
+    PEEL = args.peel
     STAGES = tuple(int(v) for v in args.stages.split(","))
     DOWN_KINDS = tuple(args.down_kinds.split(",")) if args.down_kinds else ()
     DOWN_ONLY = args.down_only
@@ -234,8 +321,10 @@ def main():
         with open(path) as fh:
             done = {json.loads(line)["problem"] for line in fh if line.strip()}
     probs = [(s, p) for s, p in problems(args.train) if repr(p) not in done and (p.stage == "down" or not DOWN_ONLY)]
+    if args.uneven_first:
+        probs.sort(key=lambda sp: sp[1].k % S.GEMV_MIN_BLOCK_K == 0)
     t0 = time.perf_counter()
-    with mp.get_context("spawn").Pool(args.workers, initializer=_init, initargs=(STAGES, DOWN_KINDS, DOWN_ONLY)) as pool:
+    with mp.get_context("spawn").Pool(args.workers, initializer=_init, initargs=(STAGES, DOWN_KINDS, DOWN_ONLY, PEEL)) as pool:
         compiled = sum(pool.map(_warm, [p for _, p in probs], chunksize=1))
     print(f"warmed {compiled} launches over {len(probs)} problems in {time.perf_counter() - t0:.0f}s", flush=True)
     timer = GraphTimer()
