@@ -42,6 +42,7 @@ STAGES = (1, 3)
 DOWN_KINDS = ("unroll",)
 DOWN_ONLY = False
 PEEL = False
+SPEC = False
 
 
 @triton.jit(do_not_specialize=["num_n"])
@@ -193,6 +194,28 @@ def down_peel_kernel(x_ptr, w_ptr, out_ptr, ids_ptr, tw_ptr, a_scale_ptr, w_scal
     tl.store(out_ptr + t * stride_om + offs_n, y.to(out_ptr.dtype.element_ty), mask=offs_n < N)
 
 
+_GU_RT = ("I, K, num_n, top_k,\n                            stride_xm, stride_we, stride_wn, stride_om,")
+_GU_CONST = ("I: tl.constexpr, K: tl.constexpr, num_n, top_k,\n                            stride_xm: tl.constexpr, "
+             "stride_we: tl.constexpr, stride_wn: tl.constexpr, stride_om: tl.constexpr,")
+_DN_RT = ("N, K, num_n, top_k,\n                         stride_xm, stride_we, stride_wn, stride_om,")
+_DN_CONST = ("N: tl.constexpr, K: tl.constexpr, num_n, top_k,\n                         stride_xm: tl.constexpr, "
+             "stride_we: tl.constexpr, stride_wn: tl.constexpr, stride_om: tl.constexpr,")
+_SPEC = {}
+
+
+def spec_kernel(stage: str):
+    """The committed GEMV kernel of ``stage`` compiled with N (gate_up: I), K and the strides as
+    constants, as the dense GEMV is (kernels/gemm_gemv.py): one compile per weight shape."""
+    if stage not in _SPEC:
+        from gemm_costmodel.benchmarks.kernel_variants import constexpr_copy
+        imports = "from gemm_costmodel.kernels.moe.impl import _gemv_w, _gemv_x"
+        if stage == "gate_up":
+            _SPEC[stage] = constexpr_copy(impl.moe_gemv_gate_up_kernel, _GU_RT, _GU_CONST, imports)
+        else:
+            _SPEC[stage] = constexpr_copy(impl.moe_gemv_down_kernel, _DN_RT, _DN_CONST, imports)
+    return _SPEC[stage]
+
+
 def launch(kind: str, cfg: S.MoeGemvConfig, stages: int, ops: impl.Operands):
     """One stage of ``ops`` with the committed kernels at ``stages`` (kind 'cur') or the unrolled
     down kernel ('unroll')."""
@@ -206,10 +229,11 @@ def launch(kind: str, cfg: S.MoeGemvConfig, stages: int, ops: impl.Operands):
     common = dict(HAS_SCALE=fp8, QUANT_X=quant, EVEN_K=K % cfg.block_k == 0, BLOCK_N=cfg.block_n,
                   BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=stages)
     if ops.stage == "gate_up":
-        assert kind in ("cur", "peel")
+        assert kind in ("cur", "peel", "spec")
         i = N // 2
         num_n = triton.cdiv(i, cfg.block_n)
-        kernel = gate_up_peel_kernel if kind == "peel" else impl.moe_gemv_gate_up_kernel
+        kernel = {"peel": gate_up_peel_kernel, "spec": spec_kernel("gate_up") if kind == "spec" else None
+                  }.get(kind, impl.moe_gemv_gate_up_kernel)
         kernel[(num_n * ids.numel(),)](
             x, w, out, ids, *scales, i, K, num_n, top_k, x.stride(0), w.stride(0), w.stride(1), out.stride(0),
             **common)
@@ -218,6 +242,10 @@ def launch(kind: str, cfg: S.MoeGemvConfig, stages: int, ops: impl.Operands):
     grid = (num_n * ids2.shape[0],)
     if kind == "cur":
         impl.moe_gemv_down_kernel[grid](
+            x, w, out, ids, tw, *scales, N, K, num_n, top_k, x.stride(0), w.stride(0), w.stride(1),
+            out.stride(0), **common)
+    elif kind == "spec":
+        spec_kernel("down")[grid](
             x, w, out, ids, tw, *scales, N, K, num_n, top_k, x.stride(0), w.stride(0), w.stride(1),
             out.stride(0), **common)
     elif kind == "peel":
@@ -250,6 +278,8 @@ def candidates(prob: S.Problem) -> list[tuple[str, S.MoeGemvConfig, int]]:
                     out.append((f"{cfg.id}:{kind}:s{st}", cfg, st))
             if PEEL and (prob.stage == "down" or not DOWN_ONLY) and "peel" not in DOWN_KINDS:
                 out.append((f"{cfg.id}:peel:s{st}", cfg, st))
+            if SPEC and (prob.stage == "down" or not DOWN_ONLY) and "spec" not in DOWN_KINDS:
+                out.append((f"{cfg.id}:spec:s{st}", cfg, st))
     return out
 
 
@@ -275,9 +305,9 @@ def _label_kind(label: str) -> str:
     return parts[1] if len(parts) == 3 else "cur"
 
 
-def _init(stages, kinds, down_only, peel):
-    global STAGES, DOWN_KINDS, DOWN_ONLY, PEEL
-    STAGES, DOWN_KINDS, DOWN_ONLY, PEEL = stages, kinds, down_only, peel
+def _init(stages, kinds, down_only, peel, spec):
+    global STAGES, DOWN_KINDS, DOWN_ONLY, PEEL, SPEC
+    STAGES, DOWN_KINDS, DOWN_ONLY, PEEL, SPEC = stages, kinds, down_only, peel, spec
 
 
 def _warm(prob: S.Problem) -> int:
@@ -306,11 +336,12 @@ def main():
     ap.add_argument("--down-kinds", default="unroll", help="down-kernel variants: unroll, const, kouter")
     ap.add_argument("--down-only", action="store_true", help="time only the down stage")
     ap.add_argument("--peel", action="store_true", help="also time both stages with the partial last K tile peeled")
+    ap.add_argument("--spec", action="store_true", help="also time both stages compiled per weight shape")
     ap.add_argument("--uneven-first", action="store_true",
                     help="problems whose K some GEMV K tile does not divide first")
     args = ap.parse_args()
-    global STAGES, DOWN_KINDS, DOWN_ONLY, PEEL
-    PEEL = args.peel
+    global STAGES, DOWN_KINDS, DOWN_ONLY, PEEL, SPEC
+    PEEL, SPEC = args.peel, args.spec
     STAGES = tuple(int(v) for v in args.stages.split(","))
     DOWN_KINDS = tuple(args.down_kinds.split(",")) if args.down_kinds else ()
     DOWN_ONLY = args.down_only
@@ -324,7 +355,7 @@ def main():
     if args.uneven_first:
         probs.sort(key=lambda sp: sp[1].k % S.GEMV_MIN_BLOCK_K == 0)
     t0 = time.perf_counter()
-    with mp.get_context("spawn").Pool(args.workers, initializer=_init, initargs=(STAGES, DOWN_KINDS, DOWN_ONLY, PEEL)) as pool:
+    with mp.get_context("spawn").Pool(args.workers, initializer=_init, initargs=(STAGES, DOWN_KINDS, DOWN_ONLY, PEEL, SPEC)) as pool:
         compiled = sum(pool.map(_warm, [p for _, p in probs], chunksize=1))
     print(f"warmed {compiled} launches over {len(probs)} problems in {time.perf_counter() - t0:.0f}s", flush=True)
     timer = GraphTimer()
