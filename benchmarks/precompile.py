@@ -88,7 +88,11 @@ def _worker(args: tuple[str, list[tuple[str, dict]]]) -> int:
 
 def shape_probe(p: Problem) -> Problem:
     """The probe of a config compiled per weight shape (``shape_specialised``, the GEMV): the
-    problem's own N and K at M = 1 (M is never specialised on)."""
+    problem's own N and K at M = 1 (M is never specialised on). An op's space module may define
+    its own ``shape_probe``."""
+    hook = _space_hook(p, "shape_probe")
+    if hook is not None:
+        return hook(p)
     return type(p)(1, p.n, p.k, p.dtype)
 
 

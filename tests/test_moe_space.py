@@ -71,6 +71,27 @@ def test_vendor_rule_needs_k_multiple_of_8():
     assert not ok and "K divisible by 8" in why
 
 
+def test_precompile_probes_the_moe_gemv_on_its_own_weight_shape():
+    """The GEMV compiles per weight shape (N, K and strides constant): its precompile probe is the
+    problem's own N, K, dtype, stage and top_k at M = 1 with only top_k experts (the expert stride
+    N * K does not depend on E), one task per (config, weight shape), while an MMA config keeps one
+    task per divisibility class."""
+    from gemm_costmodel.benchmarks import precompile as P
+
+    gemv, tiled = S.MoeGemvConfig(4, 512, 4), S.vllm_default(1, 64)
+    assert gemv.shape_specialised and not getattr(tiled, "shape_specialised", False)
+    p = S.Problem(2, 2880, 2880, "fp8", 32, 4, "gate_up")
+    assert P.shape_probe(p) == S.Problem(1, 2880, 2880, "fp8", 4, 4, "gate_up")
+    probs = [S.Problem(1, 1536, 2048, "bf16", 128, 8, "down"), S.Problem(4, 1536, 2048, "bf16", 128, 8, "down"),
+             S.Problem(1, 1536, 2048, "bf16", 64, 8, "down"), S.Problem(1, 4096, 2048, "bf16", 128, 8, "down")]
+    tasks = P.plan([(q, [tiled, gemv]) for q in probs])
+    gemv_probes = sorted((f["m"], f["n"], f["k"], f["e"]) for cid, f in tasks if cid == gemv.id)
+    # E = 128 and 64 pad to different align kernels (a specialisation), so 1536x2048 is probed
+    # twice, on the same 8-expert weight shape; 4096x2048 once.
+    assert gemv_probes == [(1, 1536, 2048, 8), (1, 1536, 2048, 8), (1, 4096, 2048, 8)]
+    assert all(f["m"] == 3 for cid, f in tasks if cid == tiled.id)
+
+
 def test_gemv_configs_ids_and_problem_rules():
     """10 GEMV configs (accumulator tiles of at most 4096 fp32 elements per 4 warps); decode only
     (M <= 4); a K tile over 2x K only at the smallest K tile; ids round-trip; not in vLLM's keys."""

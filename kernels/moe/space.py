@@ -147,6 +147,9 @@ class MoeGemvConfig:
     block_k: int
     num_warps: int
     variant: ClassVar[str] = "gemv"
+    # Compiled per weight shape (N, K and strides constant; impl.moe_gemv_*_kernel): the
+    # precompile probes it on the problem's own N and K (shape_probe below).
+    shape_specialised: ClassVar[bool] = True
 
     @property
     def id(self) -> str:
@@ -380,6 +383,13 @@ def probe_problem(p: Problem) -> Problem:
     keep their divisibility), the same K, E (the align kernels compile per padded E), stage and
     top_k."""
     return Problem(3, 32 + p.n % 32, p.k, p.dtype, p.e, p.top_k, p.stage, "balanced")
+
+
+def shape_probe(p: Problem) -> Problem:
+    """The probe of a config compiled per weight shape (the GEMV): the problem's own N, K, dtype,
+    stage and top_k at M = 1, with only top_k experts (the expert stride N * K does not depend on
+    E, so the kernel is the same and the probe's weights are a few experts, not E)."""
+    return Problem(1, p.n, p.k, p.dtype, p.top_k, p.top_k, p.stage, "balanced")
 
 
 # vLLM's fused-MoE tuned file names: E={E},N={N},device_name={gpu}[,dtype={d}][,block_shape=[bn,bk]].json
