@@ -44,9 +44,14 @@ def _mode(name: str) -> str:
     if name.startswith(("moe-traingemv-", "gate-moegemv-", "gate-moecold-")):
         return "variant:gemv"
     # The MoE M <= 4 training problems measured again with expert-rotating copies
-    # (benchmarks/device_moe_cold.sh): three sweeps into one shard.
+    # (benchmarks/device_moe_cold.sh): three sweeps into one shard; its GEMV rows moved out when the
+    # GEMV began compiling per weight shape (superseded-*-gemvrows), the GEMV being a later variant.
     if name.startswith("moe-traincold-"):
         return "variant:gemv+variant:swapab+sample:24"
+    # Those problems' GEMV and vendor rows again, the GEMV compiled per weight shape
+    # (benchmarks/device_moe_spec.sh).
+    if name.startswith("moe-trainspec-"):
+        return "variant:gemv"
     # The block-scale GEMV's rows on training shapes measured before it (benchmarks/device_fp8bs_gemv.sh).
     if name.startswith("fp8bs-traingemv-"):
         return "variant:gemv"
