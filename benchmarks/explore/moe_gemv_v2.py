@@ -17,8 +17,9 @@ process, order rotated over ROUNDS rounds (median). Compiles are warmed first in
     python benchmarks/explore/moe_gemv_v2.py --out DIR [--train 24] [--workers 8]
 
 The committed kernels have since adopted ``--spec`` (N, K and the strides constant), so "committed"
-in a run made now means the per-weight-shape kernels, and ``--spec`` adds copies equal to them
-(results: benchmarks/results/moe/gemv_v2/, from runs before the change).
+in a run made now means the per-weight-shape kernels, and ``--spec`` stops with constexpr_copy's
+error (the run-time signature it rewrites is gone). Results: benchmarks/results/moe/gemv_v2/, from
+runs before the change.
 """
 from __future__ import annotations
 
