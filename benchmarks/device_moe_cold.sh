@@ -17,14 +17,9 @@ run=/tmp/moecold
 mkdir -p "$out" "$run"
 if driver_needed "$run" "$run/done"; then
     resume_shards "$run" datasets/raw/*moecold*.jsonl.gz datasets/raw/moe-*cold*.jsonl.gz
+    decode_problems "$run/decode.csv" || exit 1
     setsid nohup bash -c '
         run='"$run"'
-        python3 -c "from gemm_costmodel.kernels.moe import space, suites
-print(\"M,N,K,dtype\")
-for dt in (\"bf16\", \"fp8\"):
-    for s in suites.eval_suite(dt) + suites.vllm_suite(dt) + suites.training_suite(dt):
-        if s.m <= space.GEMV_MAX_M:
-            print(f\"{s.m},{s.n},{s.k},{dt}\")" >$run/decode.csv || exit 1
         bench() { python3 -m gemm_costmodel.cli bench --op moe --out $run --quiet "$@"; }
         bench --suite gate --dtype bf16 fp8 --mode variant:gemv --name gate-moecold-h100 || exit 1
         for dt in bf16 fp8; do

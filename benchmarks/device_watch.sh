@@ -43,3 +43,15 @@ watch_and_collect() {
     tar czf "$out/logs.tar.gz" -C "$run" $(cd "$run" && ls *.shapes.log driver.out driver.err probe.err 2>/dev/null) 2>/dev/null
     tail -n 30 "$run/driver.err"
 }
+
+# decode_problems FILE: "M,N,K,dtype" of every MoE evaluation, vLLM-tuned and training problem the
+# GEMV runs (M <= space.GEMV_MAX_M), both dtypes: the --only list of the MoE decode sweeps
+# (device_moe_cold.sh, device_moe_spec.sh).
+decode_problems() {
+    python3 -c "from gemm_costmodel.kernels.moe import space, suites
+print('M,N,K,dtype')
+for dt in ('bf16', 'fp8'):
+    for s in suites.eval_suite(dt) + suites.vllm_suite(dt) + suites.training_suite(dt):
+        if s.m <= space.GEMV_MAX_M:
+            print(f'{s.m},{s.n},{s.k},{dt}')" >"$1"
+}
