@@ -33,11 +33,30 @@ def _shapes_from_args(args):
         # Re-measuring chosen shapes of a suite keeps their origins (and so their family).
         wanted = {(s.m, s.n, s.k, s.dtype) for s in S.read_shape_csv(args.only)}
         out = [s for s in out if (s.m, s.n, s.k, s.dtype) in wanted]
+        stages = _only_stages(args.only)
+        if stages is not None:
+            # A multi-stage op's re-measure of one stage: a stage column narrows it (the shape keys of
+            # two stages can coincide, e.g. a down N x K and a gate_up 2I x K).
+            out = [s for s in out if (s.m, s.n, s.k, s.dtype, getattr(s, "stage", "")) in stages]
         if not out:
             raise ValueError(f"{args.only}: none of its shapes is in the selected suite and dtypes")
     if args.limit:
         out = out[: args.limit]
     return out
+
+
+def _only_stages(path: str) -> set | None:
+    """(M, N, K, dtype, stage) of an --only CSV with a ``stage`` column, else None."""
+    import csv
+
+    with open(path, newline="", encoding="utf-8-sig") as fh:
+        reader = csv.DictReader(fh)
+        cols = {c.strip().lower(): c for c in (reader.fieldnames or [])}
+        if "stage" not in cols:
+            return None
+        return {(int(r[cols["m"]]), int(r[cols["n"]]), int(r[cols["k"]]),
+                 ((r.get(cols["dtype"]) if "dtype" in cols else "") or "bf16").strip(), r[cols["stage"]].strip())
+                for r in reader}
 
 
 def cmd_bench(args) -> int:
@@ -564,7 +583,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default="benchmarks/results/runs")
     b.add_argument("--name", default="sweep", help="file name prefix of the shard files")
     b.add_argument("--timer", default="graph", choices=["graph", "do_bench"])
-    b.add_argument("--only", help="CSV (M,N,K[,dtype]): keep only these shapes of the suite, e.g. to re-measure")
+    b.add_argument("--only", help="CSV (M,N,K[,dtype][,stage]): keep only these shapes of the suite, e.g. to "
+                   "re-measure (a stage column: only those stages of a multi-stage op)")
     b.add_argument("--limit", type=int, default=0, help="first N shapes only")
     b.add_argument("--workers", type=int, default=0, help="precompile worker processes")
     b.add_argument("--no-precompile", dest="precompile", action="store_false")

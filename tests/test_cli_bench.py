@@ -20,6 +20,25 @@ def test_only_keeps_the_listed_suite_shapes_with_their_origins(tmp_path):
     assert {s.origins for s in got} == {a.origins, b.origins} and all(s.family != "user" for s in got)
 
 
+def test_only_with_a_stage_column_keeps_only_those_stages(tmp_path):
+    """An MoE re-measure of one stage: a gate_up and a down shape of one layer differ in (N, K), but
+    the stage column must still narrow the list to the stages it names."""
+    from gemm_costmodel import registry
+
+    suite = registry.get("moe").suite("train", "fp8")
+    down = next(s for s in suite if s.stage == "down" and s.m == 1)
+    up = next(s for s in suite if s.stage == "gate_up" and s.m == 1)
+    csv = tmp_path / "redo.csv"
+    csv.write_text(f"M,N,K,dtype,stage\n{down.m},{down.n},{down.k},fp8,down\n{up.m},{up.n},{up.k},fp8,down\n")
+    got = _shapes_from_args(_args(["--op", "moe", "--suite", "train", "--dtype", "fp8", "--only", str(csv)]))
+    assert got and {s.stage for s in got} == {"down"}
+    assert {(s.m, s.n, s.k) for s in got} == {(down.m, down.n, down.k)}
+    without = tmp_path / "both.csv"
+    without.write_text(f"M,N,K,dtype\n{down.m},{down.n},{down.k},fp8\n{up.m},{up.n},{up.k},fp8\n")
+    both = _shapes_from_args(_args(["--op", "moe", "--suite", "train", "--dtype", "fp8", "--only", str(without)]))
+    assert {s.stage for s in both} == {"down", "gate_up"}
+
+
 def test_only_with_no_suite_shape_fails_with_one_line(tmp_path, capsys):
     csv = tmp_path / "none.csv"
     csv.write_text("M,N,K\n7,4096,17\n")

@@ -288,6 +288,52 @@ def test_parallel_trees_average_rather_than_add(fp8):
     assert 0.8 < np.std(b) / np.std(a) < 1.25
 
 
+def test_train_config_n_seeds():
+    assert SMALL.n_seeds == 1
+    for bad in (0, -2, 2.0, True, "2"):
+        with pytest.raises(ValueError, match="n_seeds must be an int >= 1"):
+            SMALL.with_(n_seeds=bad)
+
+
+def test_n_seeds_is_the_mean_of_the_seeds_models_in_one_booster(fp8):
+    """n_seeds=3 scores exactly the mean of the three single models of seeds 0, 1, 2 (to fp32
+    rounding), in one booster of 3x the trees, interleaved round by round: its first 3 trees are
+    the seeds' first trees, each a third of its weight."""
+    cfg = SMALL.with_(formulation="rank", n_estimators=8)
+    singles = [CostModel(cfg.with_(seed=s)).fit(fp8) for s in range(3)]
+    merged = CostModel(cfg.with_(n_seeds=3)).fit(fp8)
+    X_ = F.from_frame(fp8.head(400), hardware.spec_for)
+    want = np.mean([m.score(X_) for m in singles], axis=0)
+    np.testing.assert_allclose(merged.score(X_), want, rtol=0, atol=2e-5 * max(1.0, np.abs(want).max()))
+    assert merged.booster_.num_boosted_rounds() == 24
+    import xgboost as xgb
+
+    d = xgb.DMatrix(np.asarray(X_, dtype=np.float32))
+    first = merged.booster_[0:3].predict(d, output_margin=True)
+    parts = np.mean([m.booster_[0:1].predict(d, output_margin=True) for m in singles], axis=0)
+    np.testing.assert_allclose(first, parts, rtol=0, atol=1e-5)
+    # The merged booster exports like any other: ONNX gives its margin.
+    import onnxruntime as ort
+
+    from gemm_costmodel.learning.export import INPUT_NAME, to_onnx
+
+    sess = ort.InferenceSession(to_onnx(merged.booster_, X_.shape[1]).SerializeToString())
+    got = sess.run(None, {INPUT_NAME: np.asarray(X_, dtype=np.float32)})[0].ravel()
+    np.testing.assert_allclose(-got, merged.score(X_), rtol=0, atol=1e-4)
+
+
+def test_merge_boosters_rejects_mismatched_boosters(fp8):
+    from gemm_costmodel.learning.model import merge_boosters
+
+    a = CostModel(SMALL.with_(n_estimators=4)).fit(fp8).booster_
+    b = CostModel(SMALL.with_(n_estimators=5)).fit(fp8).booster_
+    with pytest.raises(ValueError, match="same number of rounds"):
+        merge_boosters([a, b])
+    c = CostModel(SMALL.with_(n_estimators=4, parallel_trees=2)).fit(fp8).booster_
+    with pytest.raises(ValueError, match="one tree per round"):
+        merge_boosters([a, c])
+
+
 def test_cli_training_config_takes_rank_step_from_the_op_then_the_command_line():
     import argparse
 

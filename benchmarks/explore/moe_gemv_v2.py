@@ -19,7 +19,9 @@ process, order rotated over ROUNDS rounds (median). Compiles are warmed first in
 The committed kernels have since adopted ``--spec`` (N, K and the strides constant), so "committed"
 in a run made now means the per-weight-shape kernels, and ``--spec`` stops with constexpr_copy's
 error (the run-time signature it rewrites is gone). Results: benchmarks/results/moe/gemv_v2/, from
-runs before the change.
+runs before the change. Since the fp8 quantisation in the committed GEMV multiplies by the scale's
+reciprocal (moe_gemv_fp8down.py), the variants here pass _gemv_x the reciprocal too; their runs
+above divided.
 """
 from __future__ import annotations
 
@@ -63,7 +65,7 @@ def down_unrolled_kernel(x_ptr, w_ptr, out_ptr, ids_ptr, tw_ptr, a_scale_ptr, w_
     rn = tl.where(offs_n < N, offs_n, 0)
     a_scale = 1.0
     if QUANT_X:
-        a_scale = tl.load(a_scale_ptr)
+        a_scale = 1.0 / tl.load(a_scale_ptr)  # _gemv_x takes the reciprocal since it multiplies
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for kt in range(0, tl.cdiv(K, BLOCK_K)):
         offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -94,7 +96,7 @@ def down_const_kernel(x_ptr, w_ptr, out_ptr, ids_ptr, tw_ptr, a_scale_ptr, w_sca
     rn = tl.where(offs_n < N, offs_n, 0)
     a_scale = 1.0
     if QUANT_X:
-        a_scale = tl.load(a_scale_ptr)
+        a_scale = 1.0 / tl.load(a_scale_ptr)  # _gemv_x takes the reciprocal since it multiplies
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     if K_OUTER:
         for kt in range(0, tl.cdiv(K, BLOCK_K)):
@@ -142,7 +144,7 @@ def gate_up_peel_kernel(x_ptr, w_ptr, out_ptr, ids_ptr, a_scale_ptr, w_scale_ptr
     u_rows = g_rows + I * stride_wn
     a_scale = 1.0
     if QUANT_X:
-        a_scale = tl.load(a_scale_ptr)
+        a_scale = 1.0 / tl.load(a_scale_ptr)  # _gemv_x takes the reciprocal since it multiplies
     acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for kt in range(0, K // BLOCK_K):
@@ -178,7 +180,7 @@ def down_peel_kernel(x_ptr, w_ptr, out_ptr, ids_ptr, tw_ptr, a_scale_ptr, w_scal
     rn = tl.where(offs_n < N, offs_n, 0)
     a_scale = 1.0
     if QUANT_X:
-        a_scale = tl.load(a_scale_ptr)
+        a_scale = 1.0 / tl.load(a_scale_ptr)  # _gemv_x takes the reciprocal since it multiplies
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for j in range(0, top_k):
         p = t * top_k + j

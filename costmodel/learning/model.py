@@ -62,6 +62,13 @@ class TrainConfig:
     # model less from one seed to another; it costs that many times the trees at decision time.
     # On the MoE folds 3 did not narrow the seed spread (models/NOTES.md), so every op keeps 1.
     parallel_trees: int = 1
+    # Whole boosted models averaged: n_seeds models, trained on the same rows with seeds seed,
+    # seed + 1, ..., their margins averaged (merged into one booster by ``merge_boosters``, trees
+    # interleaved round by round so the runtime cascade's prefix holds every model's first rounds).
+    # The seed alone moved the MoE held-out geomeans by up to 0.4% (models/NOTES.md); an average
+    # of models fitted with different row and column samples moves less. It costs n_seeds times
+    # the training and the trees at decision time.
+    n_seeds: int = 1
     stable_only: bool = True
     # Candidates scored at runtime: per M bucket, those within this factor of a training
     # shape's best (plus cuBLAS). Keeps the cold decision cheap; 0 disables the shortlist.
@@ -93,6 +100,8 @@ class TrainConfig:
             raise ValueError("n_estimators and max_depth must be >= 1")
         if isinstance(self.parallel_trees, bool) or not isinstance(self.parallel_trees, int) or self.parallel_trees < 1:
             raise ValueError(f"parallel_trees must be an int >= 1, got {self.parallel_trees!r}")
+        if isinstance(self.n_seeds, bool) or not isinstance(self.n_seeds, int) or self.n_seeds < 1:
+            raise ValueError(f"n_seeds must be an int >= 1, got {self.n_seeds!r}")
         if not self.eval_weight > 0:
             raise ValueError(f"eval_weight must be > 0, got {self.eval_weight!r}")
         if not 0 <= self.vendor_margin < float("inf"):
@@ -165,6 +174,55 @@ def targets(df, formulation: str, rank_step: float = RANK_STEP) -> np.ndarray:
     return np.clip(top - np.floor(np.log(slow) / np.log(rank_step)), 0, top)
 
 
+def _scale_leaves(tree: dict, factor: float) -> dict:
+    """A copy of an xgboost JSON tree with its leaf values times factor."""
+    out = dict(tree)
+    leaf = [c == -1 for c in tree["left_children"]]
+    for key in ("split_conditions", "base_weights"):
+        out[key] = [v * factor if is_leaf else v for v, is_leaf in zip(tree[key], leaf)]
+    return out
+
+
+def merge_boosters(boosters):
+    """One booster whose margin is the mean of the boosters' margins.
+
+    Every tree's leaves are divided by the number of boosters and the base score is their mean;
+    the trees are interleaved round by round (round 0 of each booster, then round 1, ...), so any
+    prefix of the merged trees averages the boosters' first rounds (what the runtime's cascade
+    scores every candidate with). The boosters must share the objective, features and tree shape
+    per round (one tree per round)."""
+    import json
+
+    import xgboost as xgb
+
+    raws = [json.loads(b.save_raw("json")) for b in boosters]
+    k = len(raws)
+    models = [r["learner"]["gradient_booster"]["model"] for r in raws]
+    for m in models:
+        if int(m["gbtree_model_param"]["num_parallel_tree"]) != 1 or any(t != 0 for t in m["tree_info"]):
+            raise ValueError("merge_boosters needs one tree per round and one output (parallel_trees 1)")
+    rounds = len(models[0]["trees"])
+    if any(len(m["trees"]) != rounds for m in models):
+        raise ValueError("merge_boosters needs boosters of the same number of rounds")
+    trees = []
+    for r in range(rounds):
+        for m in models:
+            t = _scale_leaves(m["trees"][r], 1.0 / k)
+            t["id"] = len(trees)
+            trees.append(t)
+    base = [float(str(r["learner"]["learner_model_param"]["base_score"]).strip("[]")) for r in raws]
+    out = raws[0]
+    model = out["learner"]["gradient_booster"]["model"]
+    model["trees"] = trees
+    model["tree_info"] = [0] * len(trees)
+    model["iteration_indptr"] = list(range(len(trees) + 1))
+    model["gbtree_model_param"]["num_trees"] = str(len(trees))
+    out["learner"]["learner_model_param"]["base_score"] = f"[{float(np.mean(base)):.9E}]"
+    merged = xgb.Booster()
+    merged.load_model(bytearray(json.dumps(out).encode()))
+    return merged
+
+
 class CostModel:
     """Gradient-boosted latency model over the feature registry."""
 
@@ -197,8 +255,10 @@ class CostModel:
             weight = rows.assign(_w=weight).groupby("_sid", sort=True)["_w"].max().to_numpy()
         dm.set_weight(weight)
         callbacks = [progress] if progress is not None else None
-        self.booster_ = xgb.train(self.config.xgb_params(), dm, num_boost_round=self.config.n_estimators,
-                                  callbacks=callbacks)
+        boosters = [xgb.train({**self.config.xgb_params(), "seed": self.config.seed + i}, dm,
+                              num_boost_round=self.config.n_estimators, callbacks=callbacks)
+                    for i in range(self.config.n_seeds)]
+        self.booster_ = boosters[0] if len(boosters) == 1 else merge_boosters(boosters)
         self.shortlist_ = self._shortlist(training_rows(df, stable_only=False))
         # The op's schema (one op per model; rows without an op column are dense GEMM rows).
         ops = sorted(df["op"].astype(str).unique()) if "op" in df.columns else ["gemm"]

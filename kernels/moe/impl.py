@@ -53,7 +53,8 @@ OUT_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp16": torch
 # and the down stage's pair outputs before their sum (bf16 2^-9, fp16 2^-12 per rounding), fp32
 # dots may run in TF32 on the GPU. fp8: the reference dequantises exactly what the kernel
 # consumes, the down stage's own quantisation of its bf16 input included (same scale, same
-# round-to-nearest-even, so the same fp8 values), hence the bf16 bound.
+# round-to-nearest-even: the same fp8 values, but for the GEMV's rare last-bit ties from multiplying
+# by the reciprocal), hence the bf16 bound.
 ERROR_BOUNDS = {"bf16": 1e-2, "fp8": 1e-2, "fp16": 2e-3, "fp32": 2e-3}
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -340,8 +341,17 @@ def moe_swapab_kernel(a_ptr, w_ptr, c_ptr, a_scale_ptr, w_scale_ptr, tw_ptr, sor
 # row, which on the H100 left the best tiled or swap-AB config at 0.9-2.6 TB/s at M = 1 (13-17 us
 # on 4-12 MB layers). The GEMV reads each pair's expert straight from topk_ids (no sort, no
 # padding) and fuses the stage's epilogue, so a stage is one launch (fp8 included: it quantises
-# its activations with the static scale as it loads them, to the same fp8 values as
-# quantize_fp8). Each pair re-reads its expert, so it is a decode variant (space.GEMV_MAX_M).
+# its activations with the static scale as it loads them, multiplying by the scale's reciprocal as
+# vLLM's static fp8 quantisation does, which gives quantize_fp8's values but where x / scale lies
+# within an fp32 rounding of an fp8 rounding boundary). Each pair re-reads its expert, so it is a
+# decode variant (space.GEMV_MAX_M).
+#
+# Why the reciprocal: the down stage quantises its bf16 input in the kernel, and every program
+# quantises its token's whole activation rows again, so the quantisation runs about once per weight
+# element read. With an IEEE division there, the fp8 down GEMV was bound by its arithmetic, not by
+# HBM: at M = 1 it took 1.1-1.9x the time of the same kernel multiplying by the reciprocal
+# (benchmarks/results/moe/README.md, "The fp8 down GEMV's division"), slower than the bf16 down
+# GEMV on the same weight shape, which reads twice the bytes.
 #
 # Both kernels compile per weight shape: N (gate_up: I), K and the strides are constants, as the
 # dense GEMV's are (kernels/gemm_gemv.py), and M, E and top_k stay at run time. Measured at M = 1
@@ -351,15 +361,15 @@ def moe_swapab_kernel(a_ptr, w_ptr, c_ptr, a_scale_ptr, w_scale_ptr, tw_ptr, sor
 
 
 @triton.jit
-def _gemv_x(x_ptr, row, stride_x, offs_k, K, a_scale, QUANT_X: tl.constexpr, EVEN_K: tl.constexpr):
-    """Activation row ``row`` at columns offs_k as fp32; QUANT_X: rounded to fp8 with the static
-    scale first (quantize_fp8's values; the scale is applied after the dot)."""
+def _gemv_x(x_ptr, row, stride_x, offs_k, K, a_inv, QUANT_X: tl.constexpr, EVEN_K: tl.constexpr):
+    """Activation row ``row`` at columns offs_k as fp32; QUANT_X: rounded to fp8 first, times a_inv
+    (1 / the static scale; the scale is applied after the dot)."""
     if EVEN_K:
         v = tl.load(x_ptr + row * stride_x + offs_k).to(tl.float32)
     else:
         v = tl.load(x_ptr + row * stride_x + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
     if QUANT_X:
-        q = tl.clamp(tl.math.div_rn(v, a_scale + tl.zeros_like(v)), -448.0, 448.0)
+        q = tl.clamp(v * a_inv, -448.0, 448.0)
         v = q.to(tl.float8e4nv).to(tl.float32)
     return v
 
@@ -392,14 +402,14 @@ def moe_gemv_gate_up_kernel(x_ptr, w_ptr, out_ptr, ids_ptr, a_scale_ptr, w_scale
     rn = tl.where(offs_n < I, offs_n, 0)
     g_rows = w_ptr + e * stride_we + rn[:, None] * stride_wn
     u_rows = g_rows + I * stride_wn
-    a_scale = 1.0
+    a_inv = 1.0
     if QUANT_X:
-        a_scale = tl.load(a_scale_ptr)
+        a_inv = 1.0 / tl.load(a_scale_ptr)
     acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for kt in range(0, tl.cdiv(K, BLOCK_K)):
         offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
-        x = _gemv_x(x_ptr, t, stride_xm, offs_k, K, a_scale, QUANT_X, EVEN_K)[None, :]
+        x = _gemv_x(x_ptr, t, stride_xm, offs_k, K, a_inv, QUANT_X, EVEN_K)[None, :]
         acc_g += _gemv_w(g_rows, offs_k, K, EVEN_K) * x
         acc_u += _gemv_w(u_rows, offs_k, K, EVEN_K) * x
     g = tl.sum(acc_g, axis=1)
@@ -426,9 +436,9 @@ def moe_gemv_down_kernel(x_ptr, w_ptr, out_ptr, ids_ptr, tw_ptr, a_scale_ptr, w_
     t = (pid // num_n).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rn = tl.where(offs_n < N, offs_n, 0)
-    a_scale = 1.0
+    a_inv = 1.0
     if QUANT_X:
-        a_scale = tl.load(a_scale_ptr)
+        a_inv = 1.0 / tl.load(a_scale_ptr)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for j in range(0, top_k):
         p = t * top_k + j
@@ -439,8 +449,16 @@ def moe_gemv_down_kernel(x_ptr, w_ptr, out_ptr, ids_ptr, tw_ptr, a_scale_ptr, w_
         w_rows = w_ptr + e * stride_we + rn[:, None] * stride_wn
         for kt in range(0, tl.cdiv(K, BLOCK_K)):
             offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
-            x = _gemv_x(x_ptr, p, stride_xm, offs_k, K, a_scale, QUANT_X, EVEN_K) * wt
-            acc += _gemv_w(w_rows, offs_k, K, EVEN_K) * x[None, :]
+            if QUANT_X:
+                # The weight tile's load issued before the activations' quantisation, so the two
+                # overlap: in the other order the fp8 down GEMV took up to 1.4x as long
+                # (benchmarks/results/moe/README.md, "The fp8 down GEMV's division").
+                wv = _gemv_w(w_rows, offs_k, K, EVEN_K)
+                x = _gemv_x(x_ptr, p, stride_xm, offs_k, K, a_inv, QUANT_X, EVEN_K) * wt
+                acc += wv * x[None, :]
+            else:
+                x = _gemv_x(x_ptr, p, stride_xm, offs_k, K, a_inv, QUANT_X, EVEN_K) * wt
+                acc += _gemv_w(w_rows, offs_k, K, EVEN_K) * x[None, :]
     y = tl.sum(acc, axis=1)
     tl.store(out_ptr + t * stride_om + offs_n, y.to(out_ptr.dtype.element_ty), mask=offs_n < N)
 
