@@ -274,6 +274,7 @@ def _train_config(args):
                        shortlist_tol=pick("shortlist_tol", "shortlist_tol"),
                        vendor_margin=pick("vendor_margin", "vendor_margin"),
                        parallel_trees=pick("parallel_trees", "parallel_trees"),
+                       n_seeds=pick("n_seeds", "n_seeds"),
                        rank_step=pick("rank_step", "rank_step"),
                        decode_weight=pick("decode_weight", "decode_weight"),
                        decode_max_m=pick("decode_max_m", "decode_max_m"))
@@ -541,6 +542,9 @@ def _model_args(p, report: bool = False, train: bool = False) -> None:
     p.add_argument("--parallel-trees", type=int, default=None,
                    help="trees per boosting round, averaged (xgboost num_parallel_tree; default: the op's, "
                         "else 1); the decision then evaluates that many times the trees")
+    p.add_argument("--n-seeds", type=int, default=None,
+                   help="whole models averaged, trained with seeds --seed, --seed + 1, ... and merged into one "
+                        "booster (default: the op's, else 1); training and the decision cost that many times")
     p.add_argument("--rank-step", type=float, default=None,
                    help="grade step of the rank labels: candidates within this factor of each other share a "
                         "grade (default: the op's, else 1.03)")

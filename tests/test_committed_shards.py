@@ -49,8 +49,9 @@ def _mode(name: str) -> str:
     if name.startswith("moe-traincold-"):
         return "variant:gemv+variant:swapab+sample:24"
     # Those problems' GEMV and vendor rows again, the GEMV compiled per weight shape
-    # (benchmarks/device_moe_spec.sh).
-    if name.startswith("moe-trainspec-"):
+    # (benchmarks/device_moe_spec.sh); the fp8 down problems' GEMV rows once more, quantising by
+    # the reciprocal (benchmarks/device_moe_recip.sh; fp8 has no vendor).
+    if name.startswith(("moe-trainspec-", "moe-trainrecip-")):
         return "variant:gemv"
     # The block-scale GEMV's rows on training shapes measured before it (benchmarks/device_fp8bs_gemv.sh).
     if name.startswith("fp8bs-traingemv-"):

@@ -353,3 +353,11 @@ def test_cli_training_config_takes_rank_step_from_the_op_then_the_command_line()
     assert cfg("gemm", rank_step=1.02).rank_step == 1.02
     with pytest.raises(ValueError, match="rank_step must be in"):
         cfg("gemm", rank_step=1.0)
+
+
+def test_cli_n_seeds_reaches_the_training_config():
+    from gemm_costmodel.cli import _train_config, build_parser
+
+    args = build_parser().parse_args(["train", "--op", "moe", "--n-seeds", "3"])
+    assert _train_config(args).n_seeds == 3
+    assert _train_config(build_parser().parse_args(["train", "--op", "moe"])).n_seeds == 1
