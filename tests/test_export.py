@@ -175,11 +175,19 @@ def test_cascade_parts_sum_to_the_model(exported, formulation):
     runtime-built rows; the manifest names both files with their sizes and digests."""
     _, onnx_path, man = exported[formulation]
     cas = man["cascade"]
-    # The dense op's registry entry keeps 16 (the default is X.CASCADE_KEEP).
+    # The dense op's registry entry keeps 24, the MoE op's 64, fp8_blockscale the default
+    # (X.CASCADE_KEEP, 32); each shipped manifest carries its op's.
     from gemm_costmodel import registry
 
     assert (cas["trees"], cas["prefix_trees"], cas["keep"]) == (20, 4, registry.get("gemm").cascade["keep"])
-    assert registry.get("moe").cascade.get("keep", X.CASCADE_KEEP) == X.CASCADE_KEEP == 32
+    assert registry.get("moe").cascade["keep"] == 64
+    assert registry.get("fp8_blockscale").cascade.get("keep", X.CASCADE_KEEP) == X.CASCADE_KEEP == 32
+    import json
+
+    for op in ("gemm", "moe", "fp8_blockscale"):
+        with open(os.path.join("models", f"{op}-sm90.json"), encoding="utf-8") as fh:
+            shipped = json.load(fh)["cascade"]["keep"]
+        assert shipped == registry.get(op).cascade.get("keep", X.CASCADE_KEEP), op
     d = os.path.dirname(onnx_path)
     rows = random_rows(seed=3, shapes=12)
     parts = []

@@ -211,6 +211,70 @@ def test_gemv_fp8_scales_and_inline_quantisation(stage, n, k):
         assert _err(ops.run(cfg), ref) < 5e-3, cfg.id  # the bf16 output's rounding
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton CPU interpreter's fp32 -> fp8 cast is "
+                    "not the GPU's (it turned 7.94 into 4): the values need a GPU")
+def test_gemv_gate_up_writes_the_fp8_intermediate_within_one_fp8_step():
+    """A GEMV gate_up stage with an fp8 out and its static scale stores silu(g) * u / scale rounded
+    to fp8: every element dequantised is within one fp8 step (2^-3 relative, or the smallest
+    subnormal) of the bf16 stage's value; values beyond 448 x scale saturate."""
+    ops = I.make_operands(S.Problem(3, 2 * 24, 300, "fp8", 8, 2, "gate_up"), "cuda", torch.Generator("cuda").manual_seed(3))
+    cfg = GEMV[1]
+    y = ops.run(cfg).float()
+    scale = (y.abs().amax() / 200).reshape(1)
+    q = torch.empty(y.shape, dtype=torch.float8_e4m3fn, device="cuda")
+    I.launch(cfg, "gate_up", ops.x, ops.w, ops.topk_weights, ops.topk_ids, q, ops.a_scale, ops.w_scale,
+             out_scale=scale)
+    got = q.float() * scale
+    want = (y / scale).clamp(-448, 448) * scale
+    step = torch.maximum(want.abs() * 2 ** -3, torch.full_like(want, 2 ** -9) * scale)
+    assert ((got - want).abs() <= step * 1.001).all()
+    half = scale / 2
+    I.launch(cfg, "gate_up", ops.x, ops.w, ops.topk_weights, ops.topk_ids, q, ops.a_scale, ops.w_scale,
+             out_scale=half)
+    assert q.float().abs().max() == 448 and (y / half).abs().max() > 448
+
+
+def test_fp8_out_only_for_a_gemv_gate_up_with_its_scale():
+    ops = I.make_operands(S.Problem(3, 2 * 24, 64, "fp8", 8, 2, "gate_up"), "cpu", torch.Generator().manual_seed(3))
+    q = torch.empty(ops.out.shape, dtype=torch.float8_e4m3fn)
+    for cfg, scale in ((GEMV[0], None), (CONFIGS[0], torch.ones(1))):
+        with pytest.raises(ValueError, match="only for a GEMV gate_up stage"):
+            I.launch(cfg, "gate_up", ops.x, ops.w, ops.topk_weights, ops.topk_ids, q, ops.a_scale, ops.w_scale,
+                     out_scale=scale)
+
+
+def test_fused_moe_keeps_the_fp8_intermediate_only_with_a_static_scale_and_a_gemv(monkeypatch):
+    """Which intermediate the fp8 layer keeps: fp8 (written by the gate_up GEMV with a2_scale, read
+    by the down stage as is) with a static a2_scale and a GEMV gate_up config; bf16 with a dynamic
+    a2_scale (nothing to quantise with before the intermediate exists), with a tiled gate_up config,
+    or with fp8_intermediate=False. (The values: the GPU test above and the ops check.)"""
+    g = torch.Generator().manual_seed(5)
+    m, hidden, inter, e, top_k = 2, 64, 48, 8, 2
+    x = torch.randn((m, hidden), generator=g).to(torch.bfloat16)
+    w1, s1 = I.random_weights(e, 2 * inter, hidden, "fp8", "cpu", g)
+    w2, s2 = I.random_weights(e, hidden, inter, "fp8", "cpu", g)
+    tw, ids = I.route(torch.randn((m, e), generator=g), top_k)
+    a1, a2 = I.dynamic_scale(x), torch.tensor([0.5])  # exact in fp32
+    seen = []
+    real = I.launch
+
+    def spy(cfg, stage, x_, w, tw_, ids_, out=None, a_scale=None, w_scale=None, out_scale=None):
+        y = real(cfg, stage, x_, w, tw_, ids_, out, a_scale, w_scale, out_scale=out_scale)
+        seen.append((stage, x_.dtype, y.dtype, None if out_scale is None else float(out_scale),
+                     None if a_scale is None else float(a_scale)))
+        return y
+
+    monkeypatch.setattr(I, "launch", spy)
+    kw = dict(w1_scale=s1, w2_scale=s2, a1_scale=a1)
+    fp8, bf16 = torch.float8_e4m3fn, torch.bfloat16
+    I.fused_moe(x, w1, w2, tw, ids, GEMV[0], GEMV[1], a2_scale=a2, **kw)
+    assert seen == [("gate_up", bf16, fp8, 0.5, float(a1)), ("down", fp8, bf16, None, 0.5)]
+    for up, a2_, keep in ((GEMV[0], a2, False), (GEMV[0], None, True), (CONFIGS[0], a2, True)):
+        seen.clear()
+        I.fused_moe(x, w1, w2, tw, ids, up, GEMV[1], a2_scale=a2_, fp8_intermediate=keep, **kw)
+        assert [(s[0], s[1], s[2], s[3]) for s in seen] == [("gate_up", bf16, bf16, None), ("down", bf16, bf16, None)]
+
+
 def test_gemv_routing_weights_and_repeat_calls():
     """down weights each pair inside the GEMV; a second call gives the same result (no scratch)."""
     ops = _operands("down", 5, 24, 16, 4, 2, "fp32", seed=8)
