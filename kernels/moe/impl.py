@@ -388,14 +388,11 @@ def moe_gemv_gate_up_kernel(x_ptr, w_ptr, out_ptr, ids_ptr, a_scale_ptr, w_scale
                             K: tl.constexpr, num_n, top_k, stride_xm: tl.constexpr, stride_we: tl.constexpr,
                             stride_wn: tl.constexpr, stride_om: tl.constexpr,
                             HAS_SCALE: tl.constexpr, QUANT_X: tl.constexpr, EVEN_K: tl.constexpr,
-                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, o_scale_ptr=None,
-                            OUT_FP8: tl.constexpr = False):
+                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Program (pair p, n-block): out[p, n] = silu(g) * u for BLOCK_N columns n of the
     intermediate, g / u = x[p // top_k] . w[e, n] / w[e, I + n] (e = topk_ids[p]), both in fp32
     (the fused epilogue never rounds them to the output dtype). Rows past I wrap to row 0 and are
-    never stored. A 1-D grid: pairs x n-blocks can exceed the 65,535 of a second grid axis.
-    OUT_FP8: out is fp8, the result quantised with the static scale at o_scale_ptr (times its
-    reciprocal, as the down GEMV quantises)."""
+    never stored. A 1-D grid: pairs x n-blocks can exceed the 65,535 of a second grid axis."""
     pid = tl.program_id(0)
     pid_n = pid % num_n
     p = (pid // num_n).to(tl.int64)
@@ -422,8 +419,6 @@ def moe_gemv_gate_up_kernel(x_ptr, w_ptr, out_ptr, ids_ptr, a_scale_ptr, w_scale
         g = g * s
         u = u * s
     y = g * tl.sigmoid(g) * u
-    if OUT_FP8:
-        y = tl.clamp(y * (1.0 / tl.load(o_scale_ptr)), -448.0, 448.0)
     tl.store(out_ptr + p * stride_om + offs_n, y.to(out_ptr.dtype.element_ty), mask=offs_n < I)
 
 
@@ -468,8 +463,7 @@ def moe_gemv_down_kernel(x_ptr, w_ptr, out_ptr, ids_ptr, tw_ptr, a_scale_ptr, w_
     tl.store(out_ptr + t * stride_om + offs_n, y.to(out_ptr.dtype.element_ty), mask=offs_n < N)
 
 
-def _launch_gemv(cfg: MoeGemvConfig, stage: str, x, w, topk_weights, topk_ids, out, a_scale, w_scale, fp8: bool,
-                 out_scale=None):
+def _launch_gemv(cfg: MoeGemvConfig, stage: str, x, w, topk_weights, topk_ids, out, a_scale, w_scale, fp8: bool):
     E, N, K = w.shape
     top_k = topk_ids.shape[1]
     ids = topk_ids.reshape(-1)
@@ -480,10 +474,9 @@ def _launch_gemv(cfg: MoeGemvConfig, stage: str, x, w, topk_weights, topk_ids, o
     if stage == "gate_up":
         i = N // 2
         num_n = triton.cdiv(i, cfg.block_n)
-        fp8_out = out.dtype == torch.float8_e4m3fn
         moe_gemv_gate_up_kernel[(num_n * ids.numel(),)](
             x, w, out, ids, *scales, i, K, num_n, top_k, x.stride(0), w.stride(0), w.stride(1), out.stride(0),
-            **common, **(dict(o_scale_ptr=out_scale, OUT_FP8=True) if fp8_out else {}))
+            **common)
     else:
         num_n = triton.cdiv(N, cfg.block_n)
         moe_gemv_down_kernel[(num_n * topk_ids.shape[0],)](
@@ -649,7 +642,7 @@ def output_shape(stage: str, x: torch.Tensor, w: torch.Tensor, topk_ids: torch.T
 
 def launch(cfg, stage: str, x: torch.Tensor, w: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
            out: torch.Tensor | None = None, a_scale: torch.Tensor | None = None,
-           w_scale: torch.Tensor | None = None, out_scale: torch.Tensor | None = None) -> torch.Tensor:
+           w_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Run one stage on candidate ``cfg`` (a MoeTiledConfig, a MoeSwapABConfig or the vendor);
     returns ``out``.
 
@@ -658,17 +651,13 @@ def launch(cfg, stage: str, x: torch.Tensor, w: torch.Tensor, topk_weights: torc
     take fp8 x with its scale a_scale (1,), or x in bf16, quantised here with the static a_scale;
     the output is bf16. Everything the stage needs runs here (align for cfg.block_m, GEMM,
     silu-and-mul or the top_k sum); scratch is allocated here. Does not validate (hot path: see
-    check_operands). Never synchronises the device. out_scale: only for a GEMV gate_up stage whose
-    ``out`` is fp8 (fused_moe's quantised intermediate): the static scale it is quantised with."""
+    check_operands). Never synchronises the device."""
     wname = dtype_name(w)
     if out is None:
         out = torch.empty(output_shape(stage, x, w, topk_ids), dtype=OUT_TORCH_DTYPES[wname], device=x.device)
     fp8 = wname == "fp8"
-    if out.dtype == torch.float8_e4m3fn and not (isinstance(cfg, MoeGemvConfig) and stage == "gate_up"
-                                                 and out_scale is not None):
-        raise ValueError("an fp8 out (with its out_scale) is only for a GEMV gate_up stage")
     if isinstance(cfg, MoeGemvConfig):
-        return _launch_gemv(cfg, stage, x, w, topk_weights, topk_ids, out, a_scale, w_scale, fp8, out_scale)
+        return _launch_gemv(cfg, stage, x, w, topk_weights, topk_ids, out, a_scale, w_scale, fp8)
     if fp8 and x.dtype != torch.float8_e4m3fn:
         x = quantize_fp8(x, a_scale)
     if isinstance(cfg, VendorConfig):
@@ -1024,30 +1013,18 @@ def check_layer(x, w1, w2, topk_weights, topk_ids, w1_scale=None, w2_scale=None,
 
 
 def fused_moe(x, w1, w2, topk_weights, topk_ids, cfg_up, cfg_down, *, w1_scale=None, w2_scale=None,
-              a1_scale=None, a2_scale=None, out=None, check: bool = True,
-              fp8_intermediate: bool = True) -> torch.Tensor:
+              a1_scale=None, a2_scale=None, out=None, check: bool = True) -> torch.Tensor:
     """The MoE layer: y (M, hidden) = sum_j topk_weights[t, j] * down_e(silu(gate_e(x)) * up_e(x)),
     e = topk_ids[t, j]; both stages on their configs. bf16 (fp16/fp32 in the interpreter), or fp8
     weights with per-expert scales: x fp8 with a1_scale, or bf16 quantised with a1_scale (or a
     dynamic per-tensor scale when None); the intermediate is quantised with a2_scale (dynamic when
-    None). ValueError naming the argument on bad operands. fp8_intermediate: with fp8 weights, a
-    static a2_scale and a GEMV gate_up config, the gate_up stage writes the intermediate in fp8 (False:
-    in bf16, quantised by the down stage, as the stages were timed)."""
+    None). ValueError naming the argument on bad operands."""
     if check:  # check=False: the caller (the torch op) validated these operands already
         _raise(check_layer(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale, out))
     fp8 = w1.dtype == torch.float8_e4m3fn
     if fp8 and a1_scale is None:
         a1_scale = dynamic_scale(x)
-    h = None
-    if fp8 and a2_scale is not None and fp8_intermediate and isinstance(cfg_up, MoeGemvConfig):
-        # With a static a2_scale the decode GEMV writes the intermediate already quantised, so the
-        # down stage reads half the bytes and quantises nothing: the down GEMV's own quantisation,
-        # once per weight element read, cost it up to 1.2x at M = 1 (benchmarks/results/moe/README.md,
-        # "The fp8 intermediate"). The values are the down stage's own but for rare double-rounding
-        # ties (fp32 -> fp8 here, fp32 -> bf16 -> fp8 there).
-        h = torch.empty(output_shape("gate_up", x, w1, topk_ids), dtype=torch.float8_e4m3fn, device=x.device)
-    h = launch(cfg_up, "gate_up", x, w1, topk_weights, topk_ids, h, a1_scale, w1_scale,
-               out_scale=a2_scale if h is not None else None)
+    h = launch(cfg_up, "gate_up", x, w1, topk_weights, topk_ids, None, a1_scale, w1_scale)
     if fp8 and a2_scale is None:
         a2_scale = dynamic_scale(h)
     return launch(cfg_down, "down", h, w2, topk_weights, topk_ids, out, a2_scale, w2_scale)
