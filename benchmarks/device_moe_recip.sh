@@ -15,11 +15,7 @@ run=/tmp/moerecip
 mkdir -p "$out" "$run"
 if driver_needed "$run" "$run/done"; then
     resume_shards "$run" datasets/raw/moe-*recip*.jsonl.gz
-    python3 -c "from gemm_costmodel.kernels.moe import space, suites
-print('M,N,K,dtype,stage')
-for s in suites.eval_suite('fp8') + suites.vllm_suite('fp8') + suites.training_suite('fp8'):
-    if s.m <= space.GEMV_MAX_M and s.stage == 'down':
-        print(f'{s.m},{s.n},{s.k},fp8,down')" >"$run/decode.csv" || exit 1
+    decode_problems "$run/decode.csv" fp8 down || exit 1
     setsid nohup bash -c '
         run='"$run"'
         bench() { python3 -m gemm_costmodel.cli bench --op moe --out $run --quiet "$@"; }

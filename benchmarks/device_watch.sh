@@ -44,14 +44,17 @@ watch_and_collect() {
     tail -n 30 "$run/driver.err"
 }
 
-# decode_problems FILE: "M,N,K,dtype" of every MoE evaluation, vLLM-tuned and training problem the
-# GEMV runs (M <= space.GEMV_MAX_M), both dtypes: the --only list of the MoE decode sweeps
-# (device_moe_cold.sh, device_moe_spec.sh).
+# decode_problems FILE [DTYPE STAGE]: "M,N,K,dtype" of every MoE evaluation, vLLM-tuned and training
+# problem the GEMV runs (M <= space.GEMV_MAX_M), both dtypes: the --only list of the MoE decode sweeps
+# (device_moe_cold.sh, device_moe_spec.sh). With DTYPE and STAGE, only that dtype's problems of that
+# stage, with a stage column (device_moe_recip.sh).
 decode_problems() {
-    python3 -c "from gemm_costmodel.kernels.moe import space, suites
-print('M,N,K,dtype')
-for dt in ('bf16', 'fp8'):
+    python3 -c "import sys
+from gemm_costmodel.kernels.moe import space, suites
+dtype, stage = (sys.argv[1:] + [None, None])[:2]
+print('M,N,K,dtype' + (',stage' if stage else ''))
+for dt in (dtype,) if dtype else ('bf16', 'fp8'):
     for s in suites.eval_suite(dt) + suites.vllm_suite(dt) + suites.training_suite(dt):
-        if s.m <= space.GEMV_MAX_M:
-            print(f'{s.m},{s.n},{s.k},{dt}')" >"$1"
+        if s.m <= space.GEMV_MAX_M and s.stage == (stage or s.stage):
+            print(f'{s.m},{s.n},{s.k},{dt}' + (f',{stage}' if stage else ''))" "${@:2}" >"$1"
 }

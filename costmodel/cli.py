@@ -31,13 +31,16 @@ def _shapes_from_args(args):
     out = list(dict.fromkeys(out))
     if getattr(args, "only", None):
         # Re-measuring chosen shapes of a suite keeps their origins (and so their family).
-        wanted = {(s.m, s.n, s.k, s.dtype) for s in S.read_shape_csv(args.only)}
-        out = [s for s in out if (s.m, s.n, s.k, s.dtype) in wanted]
+        listed = S.read_shape_csv(args.only)
         stages = _only_stages(args.only)
-        if stages is not None:
+        if stages is None:
+            wanted = {(s.m, s.n, s.k, s.dtype) for s in listed}
+            out = [s for s in out if (s.m, s.n, s.k, s.dtype) in wanted]
+        else:
             # A multi-stage op's re-measure of one stage: a stage column narrows it (the shape keys of
             # two stages can coincide, e.g. a down N x K and a gate_up 2I x K).
-            out = [s for s in out if (s.m, s.n, s.k, s.dtype, getattr(s, "stage", "")) in stages]
+            wanted = {(s.m, s.n, s.k, s.dtype, st) for s, st in zip(listed, stages)}
+            out = [s for s in out if (s.m, s.n, s.k, s.dtype, getattr(s, "stage", "")) in wanted]
         if not out:
             raise ValueError(f"{args.only}: none of its shapes is in the selected suite and dtypes")
     if args.limit:
@@ -45,18 +48,14 @@ def _shapes_from_args(args):
     return out
 
 
-def _only_stages(path: str) -> set | None:
-    """(M, N, K, dtype, stage) of an --only CSV with a ``stage`` column, else None."""
+def _only_stages(path: str) -> list[str] | None:
+    """The ``stage`` column of an --only CSV, row by row (read_shape_csv's rows), else None."""
     import csv
 
     with open(path, newline="", encoding="utf-8-sig") as fh:
         reader = csv.DictReader(fh)
-        cols = {c.strip().lower(): c for c in (reader.fieldnames or [])}
-        if "stage" not in cols:
-            return None
-        return {(int(r[cols["m"]]), int(r[cols["n"]]), int(r[cols["k"]]),
-                 ((r.get(cols["dtype"]) if "dtype" in cols else "") or "bf16").strip(), r[cols["stage"]].strip())
-                for r in reader}
+        col = {c.strip().lower(): c for c in (reader.fieldnames or [])}.get("stage")
+        return None if col is None else [r[col].strip() for r in reader]
 
 
 def cmd_bench(args) -> int:
