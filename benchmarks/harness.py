@@ -9,7 +9,9 @@
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import os
 import random
 import sys
 import time
@@ -54,8 +56,9 @@ SAMPLE_BASE_VARIANTS = ("tiled", "splitk", "persistent")
 
 def select_candidates(problem: Problem, mode: str, seed: int, arch: str = "sm90", op: str = "gemm"
                       ) -> list[GemmConfig]:
-    """Candidates to measure for a problem: 'all', 'sample:K' (K Triton configs + vendor) or
-    'variant:A[,B...]' (every feasible config of those variants + vendor).
+    """Candidates to measure for a problem: 'all', 'sample:K' (K Triton configs + vendor),
+    'variant:A[,B...]' (every feasible config of those variants + vendor) or 'pick:CSV' (the
+    feasible configs a CSV lists for the problem's key + vendor; ``picked_candidates``).
 
     'sample:K' draws K configs of SAMPLE_BASE_VARIANTS and, from each later variant,
     the same fraction of its feasible configs."""
@@ -73,6 +76,14 @@ def select_candidates(problem: Problem, mode: str, seed: int, arch: str = "sm90"
         # Where none of the variants runs (e.g. a decode-only variant at large M) there is
         # nothing to add: the vendor alone would only repeat an earlier row.
         return new + [c for c in feas if isinstance(c, VendorConfig)] if new else []
+    if mode.startswith("pick:"):
+        # Chosen configs per problem (e.g. a model's top predictions on training shapes, so the
+        # ranker sees the near-ties among good configs that random samples rarely hold): a CSV
+        # with columns key (Problem.key) and candidate (config id). The vendor, measured again in
+        # the same run, anchors them to the earlier run, as in 'variant:'.
+        ids = picked_candidates(mode.split(":", 1)[1]).get(problem.key, frozenset())
+        new = [c for c in feas if c.id in ids and not isinstance(c, VendorConfig)]
+        return new + [c for c in feas if isinstance(c, VendorConfig)] if new else []
     if mode.startswith("sample:"):
         k = int(mode.split(":", 1)[1])
         base = [c for c in feas if c.variant in SAMPLE_BASE_VARIANTS]
@@ -88,7 +99,29 @@ def select_candidates(problem: Problem, mode: str, seed: int, arch: str = "sm90"
             picked += rng_v.sample(group, min(len(group), round(rate * len(group))))
         order = {c: i for i, c in enumerate(feas)}
         return sorted(picked, key=order.__getitem__) + vendor
-    raise ValueError(f"candidate mode must be 'all', 'sample:K' or 'variant:NAMES', got {mode!r}")
+    raise ValueError(f"candidate mode must be 'all', 'sample:K', 'variant:NAMES' or 'pick:CSV', got {mode!r}")
+
+
+@functools.lru_cache(maxsize=8)
+def picked_candidates(path: str) -> dict[str, frozenset]:
+    """{problem key: candidate ids} of a 'pick:' CSV (columns key, candidate). ValueError naming the
+    file and the missing column, or the line of an empty field."""
+    import csv
+
+    if not os.path.isfile(path):
+        raise ValueError(f"candidate mode 'pick:{path}': no such file")
+    out: dict[str, set] = {}
+    with open(path, newline="", encoding="utf-8-sig") as fh:
+        reader = csv.DictReader(fh)
+        for col in ("key", "candidate"):
+            if col not in (reader.fieldnames or []):
+                raise ValueError(f"{path}: no {col!r} column (columns: key, candidate)")
+        for line, row in enumerate(reader, start=2):
+            key, cid = (row["key"] or "").strip(), (row["candidate"] or "").strip()
+            if not key or not cid:
+                raise ValueError(f"{path}, line {line}: empty key or candidate")
+            out.setdefault(key, set()).add(cid)
+    return {k: frozenset(v) for k, v in out.items()}
 
 
 @dataclass

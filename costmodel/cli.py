@@ -578,7 +578,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a shape suite of the op (gemm: foundation, train; fp8_blockscale: train, eval)")
     src.add_argument("--shapes", help="CSV with columns M,N,K[,dtype]")
     b.add_argument("--dtype", nargs="+", default=["bf16"], choices=["bf16", "fp16", "fp8"])
-    b.add_argument("--mode", default="all", help="'all' (evaluation shapes), 'sample:K' (K random Triton configs + cuBLAS) or 'variant:NAME[,NAME]' (one variant's configs + cuBLAS)")
+    b.add_argument("--mode", default="all", help="'all' (evaluation shapes), 'sample:K' (K random Triton configs + cuBLAS), 'variant:NAME[,NAME]' (one variant's configs + cuBLAS) or 'pick:CSV' (the configs a CSV with columns key, candidate lists per problem key + cuBLAS)")
     b.add_argument("--shard", default="0/1", help="i/n: take shapes with hash %% n == i")
     b.add_argument("--devices", type=int, default=0, help="spawn one process per GPU")
     b.add_argument("--seed", type=int, default=0)

@@ -53,6 +53,9 @@ def _mode(name: str) -> str:
     # the reciprocal (benchmarks/device_moe_recip.sh; fp8 has no vendor).
     if name.startswith(("moe-trainspec-", "moe-trainrecip-")):
         return "variant:gemv"
+    # Model-guided training rows (benchmarks/device_moe_active.sh): the configs its CSV lists.
+    if name.startswith("moe-trainactive-"):
+        return "pick:benchmarks/results/moe/active/picks.csv"
     # The block-scale GEMV's rows on training shapes measured before it (benchmarks/device_fp8bs_gemv.sh).
     if name.startswith("fp8bs-traingemv-"):
         return "variant:gemv"

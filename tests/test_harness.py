@@ -556,6 +556,33 @@ def test_select_candidates_variant_mode():
             H.select_candidates(PROB, bad, 0)
 
 
+def test_select_candidates_pick_mode(tmp_path):
+    feas = feasible_configs(PROB)
+    a, b = feas[7], feas[3]
+    path = tmp_path / "picks.csv"
+    # Two feasible configs of PROB, one id the space does not generate, and another problem's row.
+    path.write_text(f"key,candidate\n{PROB.key},{a.id}\n{PROB.key},{b.id}\n{PROB.key},tiled_m7n7k7_g1_w1s1\n"
+                    f"{Problem(8, 8, 8, 'fp16').key},{a.id}\n")
+    got = H.select_candidates(PROB, f"pick:{path}", 0)
+    # The listed feasible configs in space order, then the vendor as the run's anchor.
+    assert got == [b, a, VendorConfig()]
+    # A problem the file does not list has nothing to measure.
+    assert H.select_candidates(Problem(16, 4096, 4096, "bf16"), f"pick:{path}", 0) == []
+
+
+def test_select_candidates_pick_mode_bad_files(tmp_path):
+    with pytest.raises(ValueError, match="no such file"):
+        H.select_candidates(PROB, f"pick:{tmp_path / 'nope.csv'}", 0)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("problem,candidate\nx,y\n")
+    with pytest.raises(ValueError, match="no 'key' column"):
+        H.select_candidates(PROB, f"pick:{bad}", 0)
+    empty = tmp_path / "empty.csv"
+    empty.write_text(f"key,candidate\n{PROB.key},\n")
+    with pytest.raises(ValueError, match="line 2: empty key or candidate"):
+        H.select_candidates(PROB, f"pick:{empty}", 0)
+
+
 def test_select_candidates_all_and_respects_feasibility():
     assert H.select_candidates(PROB, "all", 0) == feasible_configs(PROB)
     odd = Problem(7, 33, 100, "fp16")  # K * 2 B = 200: no persistent
