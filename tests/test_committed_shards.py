@@ -56,6 +56,8 @@ def _mode(name: str) -> str:
     # Model-guided training rows (benchmarks/device_moe_active.sh): the configs its CSV lists.
     if name.startswith("moe-trainactive-"):
         return "pick:benchmarks/results/moe/active/picks.csv"
+    if name.startswith("moe-trainactive2-"):
+        return "pick:benchmarks/results/moe/active/picks2.csv"
     # The block-scale GEMV's rows on training shapes measured before it (benchmarks/device_fp8bs_gemv.sh).
     if name.startswith("fp8bs-traingemv-"):
         return "variant:gemv"

@@ -9,10 +9,15 @@ training problems (TVM-style model-guided sampling) gives it those pairs.
 The choosing model is trained on the training families' rows only (no evaluation or vLLM-suite
 shape: those are held out), with the shipped hyperparameters; it ranks every feasible config of a
 seeded sample of training-suite problems (balanced routing, M >= --min-m), and each problem gets
-its --top best-ranked configs that no committed row of that problem holds yet.
+its --top best-ranked configs that no committed row of that problem holds yet. --routing skewed
+takes the training suite's skewed problems instead; --skip leaves out the problems of earlier picks.
 
     python benchmarks/explore/moe_active_picks.py --out benchmarks/results/moe/active/picks.csv \\
         --per-dtype 700 --top 10
+    python benchmarks/explore/moe_active_picks.py --out benchmarks/results/moe/active/picks2_skewed.csv \
+        --routing skewed --per-dtype 700 --top 10
+    python benchmarks/explore/moe_active_picks.py --out benchmarks/results/moe/active/picks2_balanced.csv \
+        --per-dtype 700 --top 10 --seed 1 --skip benchmarks/results/moe/active/picks.csv
 """
 from __future__ import annotations
 
@@ -39,7 +44,14 @@ def main():
     ap.add_argument("--top", type=int, default=10, help="new configs per problem")
     ap.add_argument("--min-m", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--routing", choices=("balanced", "skewed"), default="balanced",
+                    help="balanced problems, or the training suite's skewed ones")
+    ap.add_argument("--skip", nargs="*", default=[], help="earlier picks CSVs: their problems are not picked again")
     args = ap.parse_args()
+    skip = set()
+    for path in args.skip:
+        with open(path, newline="") as fh:
+            skip |= {r["key"] for r in csv.DictReader(fh)}
     df = pipeline.load_training_frame(op="moe", log=print)
     train = df[~df["eval_shape"].astype(bool)]
     print(f"{len(train)} training rows of {len(df)} (no evaluation or vLLM-suite shape)", flush=True)
@@ -54,14 +66,15 @@ def main():
                      str(key[7])).key] = set(g["candidate"].astype(str))
     rows = []
     for dtype in ("bf16", "fp8"):
-        shapes = [s for s in SU.training_suite(dtype) if s.m >= args.min_m and s.routing == "balanced"]
+        shapes = [s for s in SU.training_suite(dtype) if s.m >= args.min_m
+                  and (s.routing == "balanced") == (args.routing == "balanced")]
         shapes = sorted(set(shapes), key=lambda s: s.key)
         random.Random(args.seed).shuffle(shapes)
         n = 0
         for s in shapes:
             prob = Problem(s.m, s.n, s.k, dtype, s.e, s.top_k, s.stage, s.routing)
-            if prob.key not in have:
-                continue  # not measured yet: nothing to pair the new rows with
+            if prob.key not in have or prob.key in skip:
+                continue  # not measured yet (nothing to pair the new rows with), or picked before
             ranked = disp.rank(s.m, s.n, s.k, dtype, count=4 * args.top, e=s.e, top_k=s.top_k,
                                stage=s.stage, routing=s.routing)
             new = [c.candidate for c in ranked if c.candidate not in have[prob.key] and c.source == "model"
