@@ -1,0 +1,53 @@
+"""Does the shipped MoE model's cascade pick what the whole model picks? (issue 17: run after every
+retrain; the registry's ``cascade`` keep is the knob.)
+
+Problems: every evaluation and vLLM-suite stage shape of both dtypes, plus a seeded sample of
+training-suite ones; for each, ``select`` through the cascade against the whole model's first
+(``rank`` scores every candidate with the whole model). Prints the disagreements and, for each,
+how far apart the two picks' whole-model scores are.
+
+    python benchmarks/explore/moe_cascade_check.py [--train 300]
+"""
+from __future__ import annotations
+
+import argparse
+import random
+
+from gemm_costmodel.kernels.moe import suites as SU
+from gemm_costmodel.serving.runtime import Dispatcher
+
+GPU = "NVIDIA H100 80GB HBM3"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--train", type=int, default=300, help="sampled training problems (both dtypes)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    disp = Dispatcher(gpu_name=GPU, op="moe")
+    probs = []
+    for dtype in ("bf16", "fp8"):
+        probs += [(dtype, s) for s in SU.eval_suite(dtype) + SU.vllm_suite(dtype)]
+    train = [(d, s) for d in ("bf16", "fp8") for s in SU.training_suite(d)]
+    random.Random(args.seed).shuffle(train)
+    probs += train[:args.train]
+    seen, probs = set(), [p for p in probs if not ((p[0], p[1].key) in seen or seen.add((p[0], p[1].key)))]
+    keep = {d: disp.model_for(d).cascade[2] for d in ("bf16", "fp8") if disp.model_for(d).cascade}
+    print(f"{len(probs)} problems; cascade keep {keep}")
+    miss = 0
+    for dtype, s in probs:
+        fields = dict(e=s.e, top_k=s.top_k, stage=s.stage, routing=s.routing)
+        pick = disp.select(s.m, s.n, s.k, dtype, **fields)
+        ranked = disp.rank(s.m, s.n, s.k, dtype, count=200, **fields)
+        if pick.candidate != ranked[0].candidate:
+            miss += 1
+            pos = [c.candidate for c in ranked].index(pick.candidate) if pick.candidate in [c.candidate for c in ranked] else -1
+            gap = ranked[pos].score - ranked[0].score if pos >= 0 else float("nan")
+            print(f"  {dtype} {s.stage} {s.m}x{s.n}x{s.k} e{s.e}k{s.top_k} {s.routing}: cascade {pick.candidate} "
+                  f"(whole model's #{pos + 1}, score gap {gap:.3f}), whole model {ranked[0].candidate}")
+    print(f"cascade = whole model on {len(probs) - miss} of {len(probs)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
