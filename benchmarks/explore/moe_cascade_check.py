@@ -31,7 +31,7 @@ def main() -> int:
     train = [(d, s) for d in ("bf16", "fp8") for s in SU.training_suite(d)]
     random.Random(args.seed).shuffle(train)
     probs += train[:args.train]
-    seen, probs = set(), [p for p in probs if not ((p[0], p[1].key) in seen or seen.add((p[0], p[1].key)))]
+    probs = list({(d, s.key): (d, s) for d, s in probs}.values())
     keep = {d: disp.model_for(d).cascade[2] for d in ("bf16", "fp8") if disp.model_for(d).cascade}
     print(f"{len(probs)} problems; cascade keep {keep}")
     miss = 0
