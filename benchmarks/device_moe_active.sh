@@ -14,7 +14,7 @@ run=/tmp/moeactive$round
 picks=benchmarks/results/moe/active/picks$round.csv
 mkdir -p "$out" "$run"
 if driver_needed "$run" "$run/done"; then
-    resume_shards "$run" datasets/raw/moe-trainactive$round-*.jsonl.gz datasets/raw/moe-trainactive$round-fp8-*.jsonl.gz
+    resume_shards "$run" datasets/raw/moe-trainactive$round-*.jsonl.gz
     setsid nohup bash -c '
         run='"$run"'
         bench() { python3 -m gemm_costmodel.cli bench --op moe --out $run --quiet "$@"; }

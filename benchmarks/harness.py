@@ -72,18 +72,16 @@ def select_candidates(problem: Problem, mode: str, seed: int, arch: str = "sm90"
         unknown = names - set(VARIANTS)
         if unknown or not names:
             raise ValueError(f"candidate mode {mode!r}: unknown variant(s) {sorted(unknown)}; known: {sorted(VARIANTS)}")
-        new = [c for c in feas if c.variant in names]
         # Where none of the variants runs (e.g. a decode-only variant at large M) there is
         # nothing to add: the vendor alone would only repeat an earlier row.
-        return new + [c for c in feas if isinstance(c, VendorConfig)] if new else []
+        return _with_vendor_anchor([c for c in feas if c.variant in names], feas)
     if mode.startswith("pick:"):
         # Chosen configs per problem (e.g. a model's top predictions on training shapes, so the
         # ranker sees the near-ties among good configs that random samples rarely hold): a CSV
         # with columns key (Problem.key) and candidate (config id). The vendor, measured again in
         # the same run, anchors them to the earlier run, as in 'variant:'.
         ids = picked_candidates(mode.split(":", 1)[1]).get(problem.key, frozenset())
-        new = [c for c in feas if c.id in ids and not isinstance(c, VendorConfig)]
-        return new + [c for c in feas if isinstance(c, VendorConfig)] if new else []
+        return _with_vendor_anchor([c for c in feas if c.id in ids and not isinstance(c, VendorConfig)], feas)
     if mode.startswith("sample:"):
         k = int(mode.split(":", 1)[1])
         base = [c for c in feas if c.variant in SAMPLE_BASE_VARIANTS]
@@ -100,6 +98,12 @@ def select_candidates(problem: Problem, mode: str, seed: int, arch: str = "sm90"
         order = {c: i for i, c in enumerate(feas)}
         return sorted(picked, key=order.__getitem__) + vendor
     raise ValueError(f"candidate mode must be 'all', 'sample:K', 'variant:NAMES' or 'pick:CSV', got {mode!r}")
+
+
+def _with_vendor_anchor(new: list, feas: list) -> list:
+    """``new`` plus the feasible vendor configs, timed again as the anchor of rows added to shapes
+    measured before; [] when nothing is new (the vendor alone would only repeat an earlier row)."""
+    return new + [c for c in feas if isinstance(c, VendorConfig)] if new else []
 
 
 @functools.lru_cache(maxsize=8)

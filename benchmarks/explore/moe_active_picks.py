@@ -60,6 +60,7 @@ def main():
     folder = tempfile.mkdtemp(prefix="costmodel-active-")
     pipeline.export_model(model, train, folder)
     disp = Dispatcher(gpu_name=GPU, models_dir=folder, op="moe")
+    vendor = set(registry.get("moe").vendor_ids)  # the vendor is each sweep's anchor row anyway
     have = {}
     for key, g in train.groupby(["dtype", "m", "n", "k", "e", "top_k", "stage", "routing"], observed=True):
         have[Problem(int(key[1]), int(key[2]), int(key[3]), str(key[0]), int(key[4]), int(key[5]), str(key[6]),
@@ -78,7 +79,7 @@ def main():
             ranked = disp.rank(s.m, s.n, s.k, dtype, count=4 * args.top, e=s.e, top_k=s.top_k,
                                stage=s.stage, routing=s.routing)
             new = [c.candidate for c in ranked if c.candidate not in have[prob.key] and c.source == "model"
-                   and not c.candidate.startswith(("grouped_mm", "cublas"))][:args.top]
+                   and c.candidate not in vendor][:args.top]
             rows += [{"key": prob.key, "candidate": c} for c in new]
             n += 1
             if n == args.per_dtype:
