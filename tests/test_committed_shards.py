@@ -58,8 +58,14 @@ def _mode(name: str) -> str:
         return "pick:benchmarks/results/moe/active/picks.csv"
     if name.startswith("moe-trainactive2-"):
         return "pick:benchmarks/results/moe/active/picks2.csv"
-    # The block-scale GEMV's rows on training shapes measured before it (benchmarks/device_fp8bs_gemv.sh).
-    if name.startswith("fp8bs-traingemv-"):
+    # Round 3 and the block-scale op's picks (benchmarks/device_picks.sh).
+    if name.startswith("moe-trainactive3"):
+        return "pick:benchmarks/results/moe/active/picks3.csv"
+    if name.startswith("fp8bs-trainactive-"):
+        return "pick:benchmarks/results/fp8_blockscale/active/picks.csv"
+    # The block-scale GEMV's rows on training shapes measured before it (benchmarks/device_fp8bs_gemv.sh),
+    # and once more (benchmarks/device_picks.sh).
+    if name.startswith(("fp8bs-traingemv-", "fp8bs-traingemv2-")):
         return "variant:gemv"
     if name.startswith("fp8bs-train-"):
         return "sample:40"

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Model-guided training rows on a machine of several GPUs (issues 16 and 17): one process per GPU
+# (`bench --devices G`, each taking shard i/G of every sweep), one driver in its own session
+# running, in order:
+#   1. fp8_blockscale: the configs benchmarks/results/fp8_blockscale/active/picks.csv lists per
+#      training problem (2 <= M <= 512), plus the vendor as the run's anchor (fp8bs-trainactive-h100);
+#   2. MoE round 3: the configs benchmarks/results/moe/active/picks3.csv lists (every training
+#      problem with M >= 16 that rounds 1-2 did not pick; the train and train_skewed suites), as
+#      device_moe_active.sh measured rounds 1-2 (moe-trainactive3[s][-fp8]-h100);
+#   3. fp8_blockscale at M = 1: the evaluation shapes again with every candidate (fp8bs-redo2-eval-h100:
+#      a second complete run per shape, so their oracle is the mean of two) and the training shapes'
+#      GEMV configs again (fp8bs-traingemv2-h100).
+# The driver outlives the call that started it; each call watches it for up to WAIT seconds and
+# packs the gzipped shards into OUT/shards.tar (a call returns at most 8 files; G GPUs write G
+# shards per sweep). A fresh machine resumes from the shards committed under datasets/raw/.
+#
+#   benchmarks/device_picks.sh OUT WAIT [GPUS]
+set -uo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/device_watch.sh"
+out="$1"; wait_s="$2"; gpus="${3:-$(nvidia-smi -L | wc -l)}"
+run=/tmp/picks
+res=benchmarks/results/fp8_blockscale
+mkdir -p "$out" "$run"
+if driver_needed "$run" "$run/done"; then
+    resume_shards "$run" datasets/raw/fp8bs-trainactive-*.jsonl.gz datasets/raw/moe-trainactive3*.jsonl.gz \
+        datasets/raw/fp8bs-redo2-eval-*.jsonl.gz datasets/raw/fp8bs-traingemv2-*.jsonl.gz
+    setsid nohup bash -c '
+        run='"$run"'; res='"$res"'; g='"$gpus"'
+        bench() { python3 -m gemm_costmodel.cli bench --out $run --quiet --devices $g "$@"; }
+        moe=benchmarks/results/moe/active/picks3.csv
+        bench --op fp8_blockscale --suite train --dtype fp8 --mode pick:$res/active/picks.csv --name fp8bs-trainactive-h100 &&
+        bench --op moe --suite train --dtype bf16 --mode pick:$moe --name moe-trainactive3-h100 &&
+        bench --op moe --suite train_skewed --dtype bf16 --mode pick:$moe --name moe-trainactive3s-h100 &&
+        bench --op moe --suite train --dtype fp8 --mode pick:$moe --name moe-trainactive3-fp8-h100 &&
+        bench --op moe --suite train_skewed --dtype fp8 --mode pick:$moe --name moe-trainactive3s-fp8-h100 &&
+        bench --op fp8_blockscale --suite eval --dtype fp8 --mode all --only $res/gemv_eval_shapes.csv --name fp8bs-redo2-eval-h100 &&
+        bench --op fp8_blockscale --suite train --dtype fp8 --mode variant:gemv --only $res/gemv_train_shapes.csv --name fp8bs-traingemv2-h100 || exit 1
+        touch $run/done' >"$run/driver.out" 2>"$run/driver.err" &
+    echo $! >"$run/pid"
+fi
+rm -rf "$run/collect"; mkdir -p "$run/collect"
+watch_and_collect "$run" "$run/collect" "$wait_s" new 30
+mv "$run/collect/logs.tar.gz" "$out/" 2>/dev/null
+tar cf "$out/shards.tar" -C "$run/collect" .
+exit 0
