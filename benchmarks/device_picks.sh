@@ -3,38 +3,49 @@
 # (`bench --devices G`, each taking shard i/G of every sweep), one driver in its own session
 # running, in order:
 #   1. fp8_blockscale: the configs benchmarks/results/fp8_blockscale/active/picks.csv lists per
-#      training problem (2 <= M <= 512), plus the vendor as the run's anchor (fp8bs-trainactive-h100);
+#      training problem (2 <= M <= 512), plus the vendor as the run's anchor (fp8bs-trainactive-GPU, GPU h100 or h200);
 #   2. MoE round 3: the configs benchmarks/results/moe/active/picks3.csv lists (every training
 #      problem with M >= 16 that rounds 1-2 did not pick; the train and train_skewed suites), as
-#      device_moe_active.sh measured rounds 1-2 (moe-trainactive3[s][-fp8]-h100);
-#   3. fp8_blockscale at M = 1: the evaluation shapes again with every candidate (fp8bs-redo2-eval-h100:
+#      device_moe_active.sh measured rounds 1-2 (moe-trainactive3[s][-fp8]-GPU);
+#   3. fp8_blockscale at M = 1: the evaluation shapes again with every candidate (fp8bs-redo2-eval-GPU:
 #      a second complete run per shape, so their oracle is the mean of two) and the training shapes'
-#      GEMV configs again (fp8bs-traingemv2-h100).
+#      GEMV configs again (fp8bs-traingemv2-GPU).
 # The driver outlives the call that started it; each call watches it for up to WAIT seconds and
 # packs the gzipped shards into OUT/shards.tar (a call returns at most 8 files; G GPUs write G
 # shards per sweep). A fresh machine resumes from the shards committed under datasets/raw/.
 #
-#   benchmarks/device_picks.sh OUT WAIT [GPUS]
+#   benchmarks/device_picks.sh OUT WAIT [GPUS] [STEPS]
+# STEPS (default "fp8bs moe m1") picks which of the three to run, in that order.
 set -uo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/device_watch.sh"
-out="$1"; wait_s="$2"; gpus="${3:-$(nvidia-smi -L | wc -l)}"
+out="$1"; wait_s="$2"; gpus="${3:-$(nvidia-smi -L | wc -l)}"; steps="${4:-fp8bs moe m1}"
+# The sweeps are named after the card they ran on (a call for H100s may be given H200s).
+tag=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o -i 'h[0-9]00' | tr A-Z a-z)
+tag="${tag:-gpu}"
 run=/tmp/picks
 res=benchmarks/results/fp8_blockscale
 mkdir -p "$out" "$run"
 if driver_needed "$run" "$run/done"; then
-    resume_shards "$run" datasets/raw/fp8bs-trainactive-*.jsonl.gz datasets/raw/moe-trainactive3*.jsonl.gz \
-        datasets/raw/fp8bs-redo2-eval-*.jsonl.gz datasets/raw/fp8bs-traingemv2-*.jsonl.gz
+    resume_shards "$run" datasets/raw/fp8bs-trainactive-$tag-*.jsonl.gz datasets/raw/moe-trainactive3*-$tag-*.jsonl.gz \
+        datasets/raw/fp8bs-redo2-eval-$tag-*.jsonl.gz datasets/raw/fp8bs-traingemv2-$tag-*.jsonl.gz
     setsid nohup bash -c '
-        run='"$run"'; res='"$res"'; g='"$gpus"'
+        run='"$run"'; res='"$res"'; g='"$gpus"'; t='"$tag"'
         bench() { python3 -m gemm_costmodel.cli bench --out $run --quiet --devices $g "$@"; }
         moe=benchmarks/results/moe/active/picks3.csv
-        bench --op fp8_blockscale --suite train --dtype fp8 --mode pick:$res/active/picks.csv --name fp8bs-trainactive-h100 &&
-        bench --op moe --suite train --dtype bf16 --mode pick:$moe --name moe-trainactive3-h100 &&
-        bench --op moe --suite train_skewed --dtype bf16 --mode pick:$moe --name moe-trainactive3s-h100 &&
-        bench --op moe --suite train --dtype fp8 --mode pick:$moe --name moe-trainactive3-fp8-h100 &&
-        bench --op moe --suite train_skewed --dtype fp8 --mode pick:$moe --name moe-trainactive3s-fp8-h100 &&
-        bench --op fp8_blockscale --suite eval --dtype fp8 --mode all --only $res/gemv_eval_shapes.csv --name fp8bs-redo2-eval-h100 &&
-        bench --op fp8_blockscale --suite train --dtype fp8 --mode variant:gemv --only $res/gemv_train_shapes.csv --name fp8bs-traingemv2-h100 || exit 1
+        step() { case " '"$steps"' " in *" $1 "*) return 0;; esac; return 1; }
+        if step fp8bs; then
+            bench --op fp8_blockscale --suite train --dtype fp8 --mode pick:$res/active/picks.csv --name fp8bs-trainactive-$t || exit 1
+        fi
+        if step moe; then
+            bench --op moe --suite train --dtype bf16 --mode pick:$moe --name moe-trainactive3-$t &&
+            bench --op moe --suite train_skewed --dtype bf16 --mode pick:$moe --name moe-trainactive3s-$t &&
+            bench --op moe --suite train --dtype fp8 --mode pick:$moe --name moe-trainactive3-fp8-$t &&
+            bench --op moe --suite train_skewed --dtype fp8 --mode pick:$moe --name moe-trainactive3s-fp8-$t || exit 1
+        fi
+        if step m1; then
+            bench --op fp8_blockscale --suite eval --dtype fp8 --mode all --only $res/gemv_eval_shapes.csv --name fp8bs-redo2-eval-$t &&
+            bench --op fp8_blockscale --suite train --dtype fp8 --mode variant:gemv --only $res/gemv_train_shapes.csv --name fp8bs-traingemv2-$t || exit 1
+        fi
         touch $run/done' >"$run/driver.out" 2>"$run/driver.err" &
     echo $! >"$run/pid"
 fi
