@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Model-guided MoE training rows (issue 17): on a seeded sample of training problems with M >= 16,
 # the configs a model trained on the training families alone ranks best and no committed row of
-# the problem holds yet (benchmarks/explore/moe_active_picks.py wrote the lists under
+# the problem holds yet (benchmarks/explore/active_picks.py wrote the lists under
 # benchmarks/results/moe/active/), plus the vendor as the run's anchor. ROUND "" (the first,
 # picks.csv -> moe-trainactive-*) or 2 (picks2.csv -> moe-trainactive2-*). The same driver, watch
 # and resume scheme as device_moe_recip.sh.
