@@ -14,14 +14,21 @@
 # packs the gzipped shards into OUT/shards.tar (a call returns at most 8 files; G GPUs write G
 # shards per sweep). A fresh machine resumes from the shards committed under datasets/raw/.
 #
-#   benchmarks/device_picks.sh OUT WAIT [GPUS] [STEPS]
-# STEPS (default "fp8bs moe m1") picks which of the three to run, in that order.
+#   benchmarks/device_picks.sh OUT WAIT [GPUS] [STEPS] [CARD]
+# STEPS (default "fp8bs moe m1") picks which of the three to run, in that order. CARD (default h100,
+# "any" for none) is the card the rows must come from: picks timed on H200s made the H100 models
+# worse (benchmarks/results/picks/README.md), so on another card the script measures nothing.
 set -uo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/device_watch.sh"
 out="$1"; wait_s="$2"; gpus="${3:-$(nvidia-smi -L | wc -l)}"; steps="${4:-fp8bs moe m1}"
 # The sweeps are named after the card they ran on (a call for H100s may be given H200s).
 tag=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o -i 'h[0-9]00' | tr A-Z a-z)
 tag="${tag:-gpu}"
+card="${5:-h100}"
+if [ "$card" != any ] && [ "$tag" != "$card" ]; then
+    echo "this machine's GPUs are $tag, not $card: nothing measured (pass CARD any to measure anyway)" >&2
+    exit 2
+fi
 run=/tmp/picks
 res=benchmarks/results/fp8_blockscale
 mkdir -p "$out" "$run"
