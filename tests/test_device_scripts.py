@@ -145,3 +145,23 @@ def test_device_tree_restore_reports_a_missing_file(tmp_path):
     assert res.returncode == 1 and "big.bin is not in the stash" in res.stderr
     assert (repo / "models/report/plot.png").exists()
     assert _tree(repo, stash, "bogus").returncode == 2
+
+
+def test_picks_driver_measures_nothing_on_another_card(tmp_path):
+    # Picks timed on H200s made the H100 models worse (benchmarks/results/picks/README.md), and a
+    # call for H100s can be given H200s: the driver must stop before it starts any sweep.
+    if shutil.which("bash") is None:
+        pytest.skip("needs bash")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    smi = fake / "nvidia-smi"
+    smi.write_text('#!/bin/sh\nif [ "$1" = -L ]; then echo "GPU 0: NVIDIA H200 (UUID: GPU-x)"; '
+                   'else echo "NVIDIA H200"; fi\n')
+    smi.chmod(0o755)
+    out = tmp_path / "out"
+    env = dict(os.environ, PATH=f"{fake}{os.pathsep}{os.environ.get('PATH', '')}")
+    res = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "device_picks.sh"), str(out), "1"],
+                         capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
+    assert res.returncode == 2, res.stderr
+    assert "h200, not h100" in res.stderr
+    assert not out.exists()  # nothing started, nothing collected
