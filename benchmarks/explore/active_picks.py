@@ -19,8 +19,11 @@ problems. --skip leaves out the problems of earlier picks.
         --routing skewed --per-dtype 700 --top 10
     python benchmarks/explore/active_picks.py --op moe --out benchmarks/results/moe/active/picks2_balanced.csv \\
         --per-dtype 700 --top 10 --seed 1 --skip benchmarks/results/moe/active/picks.csv
-    python benchmarks/explore/active_picks.py --op fp8_blockscale --min-m 2 --max-m 64 --top 8 \\
+    python benchmarks/explore/active_picks.py --op fp8_blockscale --min-m 2 --max-m 512 --top 8 \\
         --per-dtype 100000 --out benchmarks/results/fp8_blockscale/active/picks.csv
+    python benchmarks/explore/active_picks.py --op moe --routing any --per-dtype 100000 --top 10 --seed 2 \\
+        --skip benchmarks/results/moe/active/picks.csv benchmarks/results/moe/active/picks2.csv \\
+        --out benchmarks/results/moe/active/picks3.csv
 """
 from __future__ import annotations
 

@@ -45,7 +45,8 @@ def main() -> int:
         ranked = disp.rank(s.m, s.n, s.k, dtype, count=200, **fields)
         if pick.candidate != ranked[0].candidate:
             miss += 1
-            pos = [c.candidate for c in ranked].index(pick.candidate) if pick.candidate in [c.candidate for c in ranked] else -1
+            ids = [c.candidate for c in ranked]
+            pos = ids.index(pick.candidate) if pick.candidate in ids else -1
             gap = ranked[pos].score - ranked[0].score if pos >= 0 else float("nan")
             print(f"  {dtype} {s.m}x{s.n}x{s.k} {fields}: cascade {pick.candidate} "
                   f"(whole model's #{pos + 1}, score gap {gap:.3f}), whole model {ranked[0].candidate}")
