@@ -204,22 +204,37 @@ def test_complete_evaluation_runs_supersede_other_rows_of_a_key(tmp_path):
     assert D.load_dataset([old, new, again]).iloc[0]["p50_us"] == pytest.approx(9.2)
 
 
-def test_rows_of_a_superseding_l2_policy_replace_every_row_of_their_shape(tmp_path):
+def test_rows_of_a_superseding_l2_policy_replace_every_row_of_their_decode_shape(tmp_path):
     other = "tiled_m32n32k64_g8_w4s3"
     params = dict(block_m=32)
+    assert D.SUPERSEDE_MAX_M == 4
     old = write_parquet(tmp_path / "old.parquet", [
-        good_row(p50_us=10.0, l2_policy="rotate", eval_shape=True),
-        good_row(candidate=other, p50_us=10.5, l2_policy="rotate", eval_shape=True, **params),
-        good_row(m=9, p50_us=10.7, l2_policy="rotate")])
-    new = write_parquet(tmp_path / "new.parquet", [good_row(p50_us=10.8, l2_policy="rotate_experts")])
+        good_row(m=4, p50_us=10.0, l2_policy="rotate", eval_shape=True),
+        good_row(m=4, candidate=other, p50_us=10.5, l2_policy="rotate", eval_shape=True, **params),
+        good_row(m=3, p50_us=10.7, l2_policy="rotate")])
+    new = write_parquet(tmp_path / "new.parquet", [good_row(m=4, p50_us=10.8, l2_policy="rotate_experts")])
     df = D.load_dataset([old, new])
-    # Shape 7x96x64: only the re-measured row stays (the old run's other candidate is gone too,
-    # and so is its evaluation flag); shape 9x96x64, never re-measured, keeps its row.
-    s7 = df[df["m"] == 7]
-    assert s7["candidate"].tolist() == [good_row()["candidate"]] and s7["p50_us"].tolist() == [10.8]
-    assert not s7["eval_shape"].any() and s7["l2_policy"].tolist() == ["rotate_experts"]
-    assert df[df["m"] == 9]["p50_us"].tolist() == [10.7]
+    # Shape 4x96x64: only the re-measured row stays (the old run's other candidate is gone too,
+    # and so is its evaluation flag); shape 3x96x64, never re-measured, keeps its row.
+    s4 = df[df["m"] == 4]
+    assert s4["candidate"].tolist() == [good_row()["candidate"]] and s4["p50_us"].tolist() == [10.8]
+    assert not s4["eval_shape"].any() and s4["l2_policy"].tolist() == ["rotate_experts"]
+    assert df[df["m"] == 3]["p50_us"].tolist() == [10.7]
     assert len(D.load_dataset([old])) == 3
+
+
+def test_rows_of_both_l2_policies_sit_side_by_side_past_decode(tmp_path):
+    """From M = 5 on, a shape's rows under the superseding policy join its others: a model-guided
+    pick keeps the problem's random sample beside it, and a key timed under both is the median."""
+    other = "tiled_m32n32k64_g8_w4s3"
+    old = write_parquet(tmp_path / "old.parquet", [
+        good_row(m=5, p50_us=10.0, l2_policy="rotate"),
+        good_row(m=5, candidate=other, p50_us=10.5, l2_policy="rotate", block_m=32)])
+    new = write_parquet(tmp_path / "new.parquet", [good_row(m=5, p50_us=10.8, l2_policy="rotate_experts")])
+    df = D.load_dataset([old, new]).set_index("candidate")
+    assert len(df) == 2
+    assert df.loc[good_row()["candidate"], "p50_us"] == pytest.approx(10.4)
+    assert df.loc[other, "p50_us"] == pytest.approx(10.5)
 
 
 def test_build_parquet_roundtrip(tmp_path):

@@ -307,17 +307,26 @@ def read_file(path: str) -> pd.DataFrame:
     return validate(normalize(df), path)
 
 
-# L2 policies whose rows replace, shape by shape, the rows of every other policy.
+# L2 policies whose rows replace, shape by shape, the rows of every other policy, on shapes with
+# M <= SUPERSEDE_MAX_M only. The first MoE copies left a decode stage's few experts hot in L2
+# (M <= 4: every such problem was measured again whole with expert-rotating copies); from M = 16
+# on, a stage reads most experts and both policies' copies span over 2x L2, so the rows of either
+# policy time the same thing and sit side by side. Superseding there too had made each training
+# problem's model-guided picks replace its random sample, leaving only good configs to rank: with
+# picks on every problem (MoE round 3), leave-family-out got worse on all four groups, and keeping
+# the random rows beside them met geomean <= 1.01 on all four (models/NOTES.md).
 SUPERSEDING_L2_POLICIES = ("rotate_experts",)
+SUPERSEDE_MAX_M = 4
 
 
 def supersede_l2_policies(df: pd.DataFrame) -> pd.DataFrame:
-    """Drop every row of a shape (SHAPE_KEY) that has rows under a superseding L2 policy, except
-    those rows."""
-    new = df["l2_policy"].astype(str).isin(SUPERSEDING_L2_POLICIES)
+    """Drop every row of a shape (SHAPE_KEY) with M <= SUPERSEDE_MAX_M that has rows under a
+    superseding L2 policy, except those rows."""
+    new = df["l2_policy"].astype(str).isin(SUPERSEDING_L2_POLICIES) | (df["m"] > SUPERSEDE_MAX_M)
     if not new.any() or new.all():
         return df
-    has_new = new.groupby([df[c] for c in SHAPE_KEY], sort=False, observed=True, dropna=False).transform("any")
+    has_new = (new & (df["m"] <= SUPERSEDE_MAX_M)).groupby(
+        [df[c] for c in SHAPE_KEY], sort=False, observed=True, dropna=False).transform("any")
     return df[new | ~has_new]
 
 
@@ -334,10 +343,11 @@ def merge_duplicates(df: pd.DataFrame) -> pd.DataFrame:
     (cuBLAS on 256x1536x4480: 64.5 us unstable, 12.7 us stable), so a median with
     them would keep much of the error.
 
-    Rows timed under a newer L2 policy supersede a shape's others (``SUPERSEDING_L2_POLICIES``):
-    the MoE rows timed with the harness's first copies re-read a decode stage's few experts from L2
-    (benchmarks/results/moe/README.md), so once a shape is measured again with expert-rotating
-    copies, none of its earlier rows count, whichever candidates either run measured."""
+    Rows timed under a newer L2 policy supersede a decode shape's others (``SUPERSEDING_L2_POLICIES``,
+    M <= ``SUPERSEDE_MAX_M``): the MoE rows timed with the harness's first copies re-read a decode
+    stage's few experts from L2 (benchmarks/results/moe/README.md), so once such a shape is measured
+    again with expert-rotating copies, none of its earlier rows count, whichever candidates either
+    run measured. Larger shapes keep the rows of both policies (duplicates: the median)."""
     df = supersede_l2_policies(df)
     if not df.duplicated(KEY).any():
         return df.reset_index(drop=True)
