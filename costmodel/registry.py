@@ -187,11 +187,7 @@ REGISTRY: dict[str, OpSpec] = {
         # the whole model's pick on 1 of 455 problems (157 evaluation shapes, 300 sampled training
         # ones; 512x7168x128, the whole model's second by 1.43 in score), 48 and 64 on none
         # (benchmarks/explore/cascade_check.py --op fp8_blockscale).
-        cascade={"keep": 48},
-        # The GEMV's register-bound work decomposition (its configs at M = 1 are a few percent apart).
-        extra_features=("gemv_log2_programs", "gemv_k_steps", "gemv_acc_per_thread", "gemv_log2_occupancy",
-                        "gemv_waves", "gemv_log2_inflight_kb", "gemv_log2_serial_steps"),
-        features="gemm_costmodel.kernels.fp8_blockscale.features"),
+        cascade={"keep": 48}),
     # Fused MoE layer (vLLM's fused_experts): two stages (gate_up, down), each a grouped GEMM with
     # its own config; the routing (expert histogram) is part of the problem. Vendor: torch._grouped_mm.
     "moe": OpSpec(

@@ -264,35 +264,6 @@ def test_candidate_features_equal_compute_moe():
         np.testing.assert_array_equal(fz.matrix(idx, m, n, k, e, top_k, inputs), F.compute(cols, "moe"))
 
 
-def test_fp8_blockscale_gemv_features_hand_computed():
-    """The block-scale op's GEMV features at 1x24576x7168 on an H100 (132 SMs), by hand:
-    n1k1024_w4: 24576 programs, 7 K steps, 8 accumulators a thread, 2*8 + 8 + 32 = 56 registers ->
-    floor(65536 / (128 * 56)) = 9 programs per SM, 24576 / 1188 waves, 9 * 1 KiB in flight,
-    21 * 7 serial steps; n4k1024_w4: 6144 programs, 32 accumulators, 104 registers -> 4 per SM,
-    16 KiB in flight, 12 * 7 steps. The MMA configs' rows are 0, and the runtime's matrix equals
-    the training path's."""
-    from gemm_costmodel.kernels.fp8_blockscale import features as BF
-
-    ct = candidate_table("sm90", "fp8", "fp8_blockscale")
-    m, n, k = 1, 24576, 7168
-    idx = np.flatnonzero(ct.feasible_mask(m, n, k))
-    X = F.compute(runtime_cols(ct, idx, m, n, k, "fp8", H100), "fp8_blockscale")
-    names = F.feature_names("fp8_blockscale")
-    assert names[-len(BF.NAMES):] == BF.NAMES
-    ids = [ct.ids[i] for i in idx]
-    got = {c: X[ids.index(c), len(F.FEATURE_NAMES):] for c in ("bsgemv_n1k1024_w4", "bsgemv_n4k1024_w4")}
-    want = {"bsgemv_n1k1024_w4": [math.log2(24576), 7, 8, math.log2(9), 24576 / (132 * 9), math.log2(9),
-                                  math.log2(21 * 7)],
-            "bsgemv_n4k1024_w4": [math.log2(6144), 7, 32, math.log2(4), 6144 / (132 * 4), math.log2(16),
-                                  math.log2(12 * 7)]}
-    for c, w in want.items():
-        np.testing.assert_allclose(got[c], w, rtol=1e-6, err_msg=c)
-    mma = [j for j, c in enumerate(ids) if not c.startswith("bsgemv")]
-    assert mma and not X[mma, len(F.FEATURE_NAMES):].any()
-    fz = F.CandidateFeatures(ct.params, ct.variant_code, "fp8", H100, "fp8_blockscale")
-    np.testing.assert_array_equal(fz.matrix(idx, m, n, k), X)
-
-
 def test_feature_uses_labels_hold():
     """A "problem" feature is one value over all candidates of a problem; a "config" feature does not
     change with the problem (both checked on every candidate of the bf16 space)."""
