@@ -15,6 +15,8 @@
 # shards per sweep). A fresh machine resumes from the shards committed under datasets/raw/.
 #
 #   benchmarks/device_picks.sh OUT WAIT [GPUS] [STEPS] [CARD]
+# WAIT plus about 40 s of packing must fit in the call's time limit (a call that runs past it
+# returns no file; a call with WAIT 1 then collects what the driver wrote).
 # STEPS (default "fp8bs moe m1") picks which of the three to run, in that order. CARD (default h100,
 # "any" for none) is the card the rows must come from: picks timed on H200s made the H100 models
 # worse (benchmarks/results/picks/README.md), so on another card the script measures nothing.
