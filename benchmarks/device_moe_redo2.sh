@@ -14,11 +14,7 @@
 set -uo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/device_watch.sh"
 out="$1"; wait_s="$2"
-tag=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o -i 'h[0-9]00' | tr A-Z a-z)
-if [ "${tag:-}" != h100 ]; then
-    echo "this machine's GPUs are ${tag:-unknown}, not h100: nothing measured" >&2
-    exit 2
-fi
+require_card h100
 run=/tmp/moeredo2
 mkdir -p "$out" "$run"
 if driver_needed "$run" "$run/done"; then
@@ -37,8 +33,5 @@ if driver_needed "$run" "$run/done"; then
         touch $run/done' >"$run/driver.out" 2>"$run/driver.err" &
     echo $! >"$run/pid"
 fi
-rm -rf "$run/collect"; mkdir -p "$run/collect"
-watch_and_collect "$run" "$run/collect" "$wait_s" new 20
-mv "$run/collect/logs.tar.gz" "$out/" 2>/dev/null
-tar cf "$out/shards.tar" -C "$run/collect" .
+collect_tar "$run" "$out" "$wait_s" 20
 exit 0

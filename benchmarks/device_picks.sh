@@ -24,13 +24,8 @@ set -uo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/device_watch.sh"
 out="$1"; wait_s="$2"; gpus="${3:-$(nvidia-smi -L | wc -l)}"; steps="${4:-fp8bs moe m1}"
 # The sweeps are named after the card they ran on (a call for H100s may be given H200s).
-tag=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o -i 'h[0-9]00' | tr A-Z a-z)
-tag="${tag:-gpu}"
-card="${5:-h100}"
-if [ "$card" != any ] && [ "$tag" != "$card" ]; then
-    echo "this machine's GPUs are $tag, not $card: nothing measured (pass CARD any to measure anyway)" >&2
-    exit 2
-fi
+tag=$(card_tag)
+require_card "${5:-h100}"
 run=/tmp/picks
 res=benchmarks/results/fp8_blockscale
 mkdir -p "$out" "$run"
@@ -58,8 +53,5 @@ if driver_needed "$run" "$run/done"; then
         touch $run/done' >"$run/driver.out" 2>"$run/driver.err" &
     echo $! >"$run/pid"
 fi
-rm -rf "$run/collect"; mkdir -p "$run/collect"
-watch_and_collect "$run" "$run/collect" "$wait_s" new 30
-mv "$run/collect/logs.tar.gz" "$out/" 2>/dev/null
-tar cf "$out/shards.tar" -C "$run/collect" .
+collect_tar "$run" "$out" "$wait_s" 30
 exit 0

@@ -58,3 +58,32 @@ for dt in (dtype,) if dtype else ('bf16', 'fp8'):
         if s.m <= space.GEMV_MAX_M and s.stage == (stage or s.stage):
             print(f'{s.m},{s.n},{s.k},{dt}' + (f',{stage}' if stage else ''))" "${@:2}" >"$1"
 }
+
+# card_tag: this machine's GPU model in lower case ("h100", "h200"), or "gpu" if none is named
+# (a call for H100s may be given H200s: the H100-only drivers check it before measuring).
+card_tag() {
+    local t
+    t=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o -i 'h[0-9]00' | tr A-Z a-z)
+    echo "${t:-gpu}"
+}
+
+# require_card WANT: exit 2, measuring nothing, unless WANT is "any" or this machine's card_tag.
+require_card() {
+    local have
+    have=$(card_tag)
+    if [ "$1" != any ] && [ "$have" != "$1" ]; then
+        echo "this machine's GPUs are $have, not $1: nothing measured" >&2
+        exit 2
+    fi
+}
+
+# collect_tar RUN OUT WAIT INTERVAL: watch_and_collect the shards written since the driver started
+# into one OUT/shards.tar (a call returns at most 8 files; several GPUs write a shard each), beside
+# OUT/logs.tar.gz. WAIT plus about 40 s of packing must fit in the call's time limit.
+collect_tar() {
+    local run="$1" out="$2"
+    rm -rf "$run/collect"; mkdir -p "$run/collect"
+    watch_and_collect "$run" "$run/collect" "$3" new "$4"
+    mv "$run/collect/logs.tar.gz" "$out/" 2>/dev/null
+    tar cf "$out/shards.tar" -C "$run/collect" .
+}
