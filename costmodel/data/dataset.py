@@ -313,8 +313,8 @@ def read_file(path: str) -> pd.DataFrame:
 # on, a stage reads most experts and both policies' copies span over 2x L2, so the rows of either
 # policy time the same thing and sit side by side. Superseding there too had made each training
 # problem's model-guided picks replace its random sample, leaving only good configs to rank: with
-# picks on every problem (MoE round 3), leave-family-out got worse on all four groups, and keeping
-# the random rows beside them met geomean <= 1.01 on all four (models/NOTES.md).
+# picks on every problem (MoE round 3), leave-family-out got worse on all four groups; keeping the
+# random rows beside them lowered the four groups' mean (models/NOTES.md).
 SUPERSEDING_L2_POLICIES = ("rotate_experts",)
 SUPERSEDE_MAX_M = 4
 
@@ -322,11 +322,12 @@ SUPERSEDE_MAX_M = 4
 def supersede_l2_policies(df: pd.DataFrame) -> pd.DataFrame:
     """Drop every row of a shape (SHAPE_KEY) with M <= SUPERSEDE_MAX_M that has rows under a
     superseding L2 policy, except those rows."""
-    new = df["l2_policy"].astype(str).isin(SUPERSEDING_L2_POLICIES) | (df["m"] > SUPERSEDE_MAX_M)
-    if not new.any() or new.all():
+    new = df["l2_policy"].astype(str).isin(SUPERSEDING_L2_POLICIES)
+    superseding = new & (df["m"] <= SUPERSEDE_MAX_M)
+    if not superseding.any():
         return df
-    has_new = (new & (df["m"] <= SUPERSEDE_MAX_M)).groupby(
-        [df[c] for c in SHAPE_KEY], sort=False, observed=True, dropna=False).transform("any")
+    # M is part of SHAPE_KEY, so only decode shapes have a superseding row.
+    has_new = superseding.groupby([df[c] for c in SHAPE_KEY], sort=False, observed=True, dropna=False).transform("any")
     return df[new | ~has_new]
 
 
