@@ -64,8 +64,9 @@ def _mode(name: str) -> str:
     if name.startswith("fp8bs-trainactive-"):
         return "pick:benchmarks/results/fp8_blockscale/active/picks.csv"
     # The block-scale GEMV's rows on training shapes measured before it (benchmarks/device_fp8bs_gemv.sh),
-    # and once more (benchmarks/device_picks.sh).
-    if name.startswith(("fp8bs-traingemv-", "fp8bs-traingemv2-")):
+    # once more (benchmarks/device_picks.sh), and on the training weights without M = 1 rows
+    # (benchmarks/device_fp8bs_gemv3.sh).
+    if name.startswith(("fp8bs-traingemv-", "fp8bs-traingemv2-", "fp8bs-traingemv3-")):
         return "variant:gemv"
     if name.startswith("fp8bs-train-"):
         return "sample:40"
