@@ -5,7 +5,7 @@
 # (benchmarks/results/fp8_blockscale/gemv_train_shapes2.csv) get the GEMV configs here
 # (fp8bs-traingemv3-h100). Why: the held-out loss at M = 1 is the model's choice among GEMV
 # configs a few percent apart, learned from those 112 weights alone.
-# The same driver, watch and resume scheme as device_moe_redo2.sh; only on an H100.
+# The one-driver scheme of device_watch.sh's sweep_driver; only on an H100.
 #
 #   benchmarks/device_fp8bs_gemv3.sh OUT WAIT
 # WAIT plus about 40 s of packing must fit in the call's time limit.
@@ -13,17 +13,8 @@ set -uo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/device_watch.sh"
 out="$1"; wait_s="$2"
 require_card h100
-run=/tmp/fp8bsgemv3
-mkdir -p "$out" "$run"
-if driver_needed "$run" "$run/done"; then
-    resume_shards "$run" datasets/raw/fp8bs-traingemv3-h100-*.jsonl.gz
-    setsid nohup bash -c '
-        run='"$run"'
-        python3 -m gemm_costmodel.cli bench --op fp8_blockscale --suite train --dtype fp8 --mode variant:gemv \
-            --only benchmarks/results/fp8_blockscale/gemv_train_shapes2.csv --out $run --quiet \
-            --name fp8bs-traingemv3-h100 || exit 1
-        touch $run/done' >"$run/driver.out" 2>"$run/driver.err" &
-    echo $! >"$run/pid"
-fi
-collect_tar "$run" "$out" "$wait_s" 20
+sweep_driver /tmp/fp8bsgemv3 "$out" "$wait_s" '
+    python3 -m gemm_costmodel.cli bench --op fp8_blockscale --suite train --dtype fp8 --mode variant:gemv \
+        --only benchmarks/results/fp8_blockscale/gemv_train_shapes2.csv --out $run --quiet \
+        --name fp8bs-traingemv3-h100' datasets/raw/fp8bs-traingemv3-h100-*.jsonl.gz
 exit 0

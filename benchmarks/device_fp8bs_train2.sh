@@ -3,8 +3,8 @@
 # the training sweep's 24; this driver measures the listed others (sample:40 per shape, the same
 # seed and shard split, so the rows are those that driver would have written) and nothing else:
 # no gate, vendor probe or evaluation sweep, whose committed shards must not gain rows from another
-# run (the harness resumes row by row). The same driver, watch and resume scheme as
-# device_moe_redo2.sh; only on an H100.
+# run (the harness resumes row by row). The one-driver scheme of device_watch.sh's sweep_driver;
+# only on an H100.
 #
 #   benchmarks/device_fp8bs_train2.sh OUT WAIT "13/24 14/24 ..."
 # WAIT plus about 40 s of packing must fit in the call's time limit.
@@ -13,18 +13,9 @@ set -uo pipefail
 out="$1"; wait_s="$2"; train_shards="${3:-}"
 require_card h100
 [ -n "$train_shards" ] || { echo "name the training shards to sweep, e.g. \"13/24 14/24\"" >&2; exit 2; }
-run=/tmp/fp8bstrain2
-mkdir -p "$out" "$run"
-if driver_needed "$run" "$run/done"; then
-    resume_shards "$run" datasets/raw/fp8bs-train-h100-*.jsonl.gz
-    setsid nohup bash -c '
-        run='"$run"'
-        for s in '"$train_shards"'; do
-            python3 -m gemm_costmodel.cli bench --op fp8_blockscale --suite train --dtype fp8 --mode sample:40 --shard $s \
-                --name fp8bs-train-h100 --out $run --quiet || exit 1
-        done
-        touch $run/done' >"$run/driver.out" 2>"$run/driver.err" &
-    echo $! >"$run/pid"
-fi
-collect_tar "$run" "$out" "$wait_s" 20
+sweep_driver /tmp/fp8bstrain2 "$out" "$wait_s" '
+    for s in '"$train_shards"'; do
+        python3 -m gemm_costmodel.cli bench --op fp8_blockscale --suite train --dtype fp8 --mode sample:40 --shard $s \
+            --name fp8bs-train-h100 --out $run --quiet || exit 1
+    done' datasets/raw/fp8bs-train-h100-*.jsonl.gz
 exit 0

@@ -5,7 +5,7 @@
 # ones, so 162 fp16 and 166 fp8 M = 1 training shapes (benchmarks/results/gemv/train_shapes_m1_fp16fp8.csv)
 # have none. The same fix paid on fp8_blockscale, whose match at M = 1 rose from 59.5% to 67.6%
 # with GEMV rows on every training weight (models/NOTES.md). About 26k shape-specialised kernels:
-# two or three calls. The same driver, watch and resume scheme as device_moe_redo2.sh; only on an H100.
+# two or three calls. The one-driver scheme of device_watch.sh's sweep_driver; only on an H100.
 #
 #   benchmarks/device_gemv_more.sh OUT WAIT
 # WAIT plus about 40 s of packing must fit in the call's time limit.
@@ -13,17 +13,8 @@ set -uo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/device_watch.sh"
 out="$1"; wait_s="$2"
 require_card h100
-run=/tmp/gemvmore
-mkdir -p "$out" "$run"
-if driver_needed "$run" "$run/done"; then
-    resume_shards "$run" datasets/raw/gemv3-train-m1more-h100-*.jsonl.gz
-    setsid nohup bash -c '
-        run='"$run"'
-        python3 -m gemm_costmodel.cli bench --suite train --dtype fp16 fp8 --mode variant:gemv \
-            --only benchmarks/results/gemv/train_shapes_m1_fp16fp8.csv --out $run --quiet \
-            --name gemv3-train-m1more-h100 || exit 1
-        touch $run/done' >"$run/driver.out" 2>"$run/driver.err" &
-    echo $! >"$run/pid"
-fi
-collect_tar "$run" "$out" "$wait_s" 20
+sweep_driver /tmp/gemvmore "$out" "$wait_s" '
+    python3 -m gemm_costmodel.cli bench --suite train --dtype fp16 fp8 --mode variant:gemv \
+        --only benchmarks/results/gemv/train_shapes_m1_fp16fp8.csv --out $run --quiet \
+        --name gemv3-train-m1more-h100' datasets/raw/gemv3-train-m1more-h100-*.jsonl.gz
 exit 0

@@ -87,3 +87,20 @@ collect_tar() {
     mv "$run/collect/logs.tar.gz" "$out/" 2>/dev/null
     tar cf "$out/shards.tar" -C "$run/collect" .
 }
+
+# sweep_driver RUN OUT WAIT SCRIPT [SHARD...]: the one-driver scheme of the single-sweep drivers.
+# Unless a driver of RUN is alive or RUN/done exists, resume the committed SHARDs into RUN and start
+# SCRIPT (bash, with $run set to RUN; a failing step must exit non-zero) in its own session, so it
+# outlives this call, touching RUN/done only when SCRIPT succeeds; then collect_tar every 20 s.
+sweep_driver() {
+    local run="$1" out="$2" wait_s="$3" script="$4"
+    shift 4
+    mkdir -p "$out" "$run"
+    if driver_needed "$run" "$run/done"; then
+        resume_shards "$run" "$@"
+        setsid nohup bash -c "run='$run'; ( $script ) && touch \"\$run/done\"" \
+            >"$run/driver.out" 2>"$run/driver.err" &
+        echo $! >"$run/pid"
+    fi
+    collect_tar "$run" "$out" "$wait_s" 20
+}

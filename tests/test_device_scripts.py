@@ -86,6 +86,39 @@ driver_needed "$run" "$run/done" || echo not-needed-done
     assert sorted(os.listdir(run)) == ["a-shard00of02.jsonl", "b-shard01of02.jsonl", "done", "pid"]
 
 
+
+def test_sweep_driver_marks_done_only_on_success_and_collects_its_shards(tmp_path):
+    # The single-sweep drivers (device_fp8bs_gemv3.sh, ...) start their script through sweep_driver:
+    # a committed shard is resumed into the run folder, $run names it inside the script, the shard
+    # the script writes comes back in shards.tar, and only a script that succeeds leaves "done"
+    # (a failed sweep is resumed by the next call). Both run at once: each watch waits 20 s.
+    if shutil.which("bash") is None:
+        pytest.skip("needs bash")
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    with gzip.open(raw / "old-shard00of01.jsonl.gz", "wt") as fh:
+        fh.write('{"a": 1}\n')
+    script = f"""
+set -uo pipefail
+. {HELPER}
+sweep_driver {tmp_path}/ok {tmp_path}/out_ok 60 'sleep 1.1; echo "{{\\"b\\": 1}}" > $run/new-shard00of01.jsonl' \\
+    {raw}/*.jsonl.gz >/dev/null &
+sweep_driver {tmp_path}/bad {tmp_path}/out_bad 60 'sleep 1.1; echo partial > $run/bad-shard00of01.jsonl; exit 1' >/dev/null &
+wait
+"""
+    res = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=90)
+    assert res.returncode == 0, res.stderr
+    ok, bad = tmp_path / "ok", tmp_path / "bad"
+    assert (ok / "done").exists() and not (bad / "done").exists()
+    assert (ok / "old-shard00of01.jsonl").read_text() == '{"a": 1}\n'
+    with tarfile.open(tmp_path / "out_ok" / "shards.tar") as tar:
+        assert sorted(os.path.basename(n) for n in tar.getnames() if n.endswith(".gz")) == ["new-shard00of01.jsonl.gz"]
+        got = tar.extractfile([m for m in tar.getmembers() if m.name.endswith(".gz")][0]).read()
+    assert gzip.decompress(got).decode() == '{"b": 1}\n'
+    with tarfile.open(tmp_path / "out_bad" / "shards.tar") as tar:
+        assert any(n.endswith("bad-shard00of01.jsonl.gz") for n in tar.getnames())
+
+
 # -- benchmarks/device_tree.sh: the work tree under the device tool's size limit -----------------
 
 TREE = os.path.join(ROOT, "benchmarks", "device_tree.sh")
