@@ -276,7 +276,8 @@ def _train_config(args):
                        n_seeds=pick("n_seeds", "n_seeds"),
                        rank_step=pick("rank_step", "rank_step"),
                        decode_weight=pick("decode_weight", "decode_weight"),
-                       decode_max_m=pick("decode_max_m", "decode_max_m"))
+                       decode_max_m=pick("decode_max_m", "decode_max_m"),
+                       split_m=pick("split_m", "split_m"))
 
 
 def _load_frame(args):
@@ -552,6 +553,9 @@ def _model_args(p, report: bool = False, train: bool = False) -> None:
                         "--eval-weight (default: the op's, else 1)")
     p.add_argument("--decode-max-m", type=int, default=None,
                    help="largest M that --decode-weight applies to (default: the op's, else 4)")
+    p.add_argument("--split-m", type=int, default=None,
+                   help="queries with M <= this get trees of their own, joined with the rest under a root "
+                        "split on M (0: one model for every M; default: the op's, 2 for gemm, else 0)")
     p.add_argument("--jobs", type=int, default=2, help="xgboost threads")
     p.add_argument("--seed", type=int, default=0)
     if report:

@@ -157,8 +157,10 @@ REGISTRY: dict[str, OpSpec] = {
         cascade={"keep": 24},
         # 1% grade steps: the GEMV configs of an M = 1 weight sit within 1-4% of each other (memory
         # bound, timed to well under 1%), so 3% grades left the ranker indifferent among them
-        # (models/NOTES.md, "Finer rank grades").
-        train_defaults={"rank_step": 1.01}),
+        # (models/NOTES.md, "Finer rank grades"). M <= 2 (where the GEMV runs) gets trees of its
+        # own: shared trees made the held-out picks at M > 2 0.1-0.5% slower in absolute time
+        # (models/NOTES.md, "Decode trees of their own").
+        train_defaults={"rank_step": 1.01, "split_m": 2}),
     # vLLM's w8a8 block-fp8 linear; the vendor candidate is torch._scaled_mm with cuBLASLt's
     # blockwise scaling (sm90).
     "fp8_blockscale": OpSpec(

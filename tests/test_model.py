@@ -361,3 +361,74 @@ def test_cli_n_seeds_reaches_the_training_config():
     args = build_parser().parse_args(["train", "--op", "moe", "--n-seeds", "3"])
     assert _train_config(args).n_seeds == 3
     assert _train_config(build_parser().parse_args(["train", "--op", "moe"])).n_seeds == 1
+
+
+def test_train_config_split_m():
+    assert TrainConfig().split_m == 0
+    for bad in (-1, 2.0, True, "2"):
+        with pytest.raises(ValueError, match="split_m must be an int >= 0"):
+            SMALL.with_(split_m=bad)
+
+
+@pytest.mark.parametrize("formulation", ["rank", "log_latency"])
+def test_split_m_scores_each_side_with_the_model_fitted_on_that_side_alone(fp8, formulation):
+    """split_m=2: rows with M <= 2 score exactly as a model fitted on the M <= 2 queries alone, the
+    others as one fitted on the M > 2 queries alone (to fp32 rounding), in one booster of the same
+    number of trees, which exports to ONNX with the same margin."""
+    import xgboost as xgb
+
+    cfg = SMALL.with_(formulation=formulation, n_estimators=8)
+    low = fp8["m"] <= 2
+    assert low.any() and not low.all()
+    split = CostModel(cfg.with_(split_m=2)).fit(fp8)
+    lo, hi = CostModel(cfg).fit(fp8[low]), CostModel(cfg).fit(fp8[~low])
+    assert split.booster_.num_boosted_rounds() == 8
+    # Both sides of the threshold, M = 1, 2 against 3 and 4097 included.
+    rows = pd.concat([fp8[low].head(150), fp8[~low].head(150)])
+    rows = pd.concat([rows, rows.head(3).assign(m=3), rows.head(3).assign(m=4097)])
+    X_ = F.from_frame(rows, hardware.spec_for)
+    is_low = rows["m"].to_numpy() <= 2
+    want = np.where(is_low, lo.score(X_), hi.score(X_))
+    np.testing.assert_allclose(split.score(X_), want, rtol=0, atol=1e-4 * max(1.0, np.abs(want).max()))
+    # n_seeds on top: each seed's split model, averaged.
+    two = CostModel(cfg.with_(split_m=2, n_seeds=2)).fit(fp8)
+    singles = [CostModel(cfg.with_(split_m=2, seed=s)).fit(fp8) for s in range(2)]
+    np.testing.assert_allclose(two.score(X_), np.mean([m.score(X_) for m in singles], axis=0), rtol=0,
+                               atol=1e-4 * max(1.0, np.abs(want).max()))
+    import onnxruntime as ort
+
+    from gemm_costmodel.learning.export import INPUT_NAME, to_onnx
+
+    sess = ort.InferenceSession(to_onnx(split.booster_, X_.shape[1]).SerializeToString())
+    got = sess.run(None, {INPUT_NAME: np.asarray(X_, dtype=np.float32)})[0].ravel()
+    margin = split.booster_.predict(xgb.DMatrix(np.asarray(X_, dtype=np.float32)), output_margin=True)
+    np.testing.assert_allclose(got, margin, rtol=0, atol=1e-4 * max(1.0, np.abs(margin).max()))
+
+
+def test_split_m_with_one_side_empty_is_one_model(fp8):
+    cfg = SMALL.with_(formulation="rank", n_estimators=4)
+    high = fp8[fp8["m"] > 2]
+    X_ = F.from_frame(high.head(50), hardware.spec_for)
+    np.testing.assert_array_equal(CostModel(cfg.with_(split_m=2)).fit(high).score(X_),
+                                  CostModel(cfg).fit(high).score(X_))
+
+
+def test_gate_trees_rejects_categorical_splits():
+    from gemm_costmodel.learning.model import gate_trees
+
+    t = {"left_children": [-1], "right_children": [-1], "parents": [2147483647], "split_indices": [0],
+         "split_conditions": [0.5], "split_type": [0], "default_left": [0], "base_weights": [0.5],
+         "loss_changes": [0.0], "sum_hessian": [1.0], "categories": [1], "categories_nodes": [0],
+         "categories_segments": [0], "categories_sizes": [1], "id": 0,
+         "tree_param": {"num_nodes": "1", "num_deleted": "0", "num_feature": "1", "size_leaf_vector": "1"}}
+    with pytest.raises(ValueError, match="categorical"):
+        gate_trees(t, t, 0, 1.0)
+
+
+def test_cli_split_m_from_the_op_then_the_command_line():
+    from gemm_costmodel.cli import _train_config, build_parser
+
+    # The dense op splits off M <= 2 (registry train_defaults); the other ops keep one model.
+    assert _train_config(build_parser().parse_args(["train"])).split_m == 2
+    assert _train_config(build_parser().parse_args(["train", "--op", "moe"])).split_m == 0
+    assert _train_config(build_parser().parse_args(["train", "--split-m", "0"])).split_m == 0

@@ -5,6 +5,7 @@ groups, other ops per M bucket (issue 16's match rate).
     python benchmarks/explore/cv_variants.py --set decode_weight=4 --out /tmp/dw4.csv
     python benchmarks/explore/cv_variants.py --op fp8_blockscale --set decode_weight=4 --out /tmp/f.csv
     python benchmarks/explore/cv_variants.py --op moe --gpus "NVIDIA H100 80GB HBM3" --out /tmp/h100.csv
+    python benchmarks/explore/cv_variants.py --op gemm --exclude-variant gemv --set seed=1 --out /tmp/g.csv
 
 Each --set is key=value on top of the op's registry train_defaults (the shipped model's
 hyperparameters); values are parsed as int, then float, then kept as strings.
@@ -66,11 +67,15 @@ def main():
     ap.add_argument("--set", action="append", default=[], help="TrainConfig field=value")
     ap.add_argument("--out", required=True, help="per-shape results CSV")
     ap.add_argument("--gpus", nargs="+", default=None, help="only rows of these GPU names (default: all)")
+    ap.add_argument("--exclude-variant", nargs="+", default=[],
+                    help="drop these variants' rows, i.e. the space before they joined it (e.g. gemv)")
     args = ap.parse_args()
     over = dict(kv.split("=", 1) for kv in args.set)
     cfg = TrainConfig(**{**registry.get(args.op).train_defaults, **{k: _value(v) for k, v in over.items()}})
     print(cfg, flush=True)
     df = pipeline.load_training_frame(op=args.op, gpus=args.gpus)
+    if args.exclude_variant:
+        df = df[~df["variant"].astype(str).isin(args.exclude_variant)]
     res, _ = evaluate.cross_validate(df, cfg, scheme="family", baselines=False, log=print)
     res.to_csv(args.out, index=False)
     print((summary(res) if args.op == "moe" else summary_m(res)).to_string(index=False, float_format=lambda x: f"{x:.4f}"))

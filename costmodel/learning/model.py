@@ -92,6 +92,13 @@ class TrainConfig:
     # candidates are memory-bound configs whose order turns on a few percent, and few queries.
     decode_weight: float = 1.0
     decode_max_m: int = 4
+    # Queries with M <= split_m get trees of their own (0: one model for every M). A ranker fitted
+    # over every M shares its trees between decode shapes, where GEMV configs within 1-4% of each
+    # other are ordered, and the rest: on the dense family folds the GEMV's rows made the picks at
+    # M > 2 0.1-0.5% slower in absolute time (models/NOTES.md, "Decode trees of their own").
+    # Two boosters are trained on the two sides and joined tree by tree under a root split on
+    # log2_m, so the export, the cascade and the runtime see one booster.
+    split_m: int = 0
 
     def __post_init__(self):
         if self.formulation not in FORMULATIONS:
@@ -110,6 +117,8 @@ class TrainConfig:
             raise ValueError(f"decode_weight must be finite and > 0, got {self.decode_weight!r}")
         if isinstance(self.decode_max_m, bool) or not isinstance(self.decode_max_m, int) or self.decode_max_m < 1:
             raise ValueError(f"decode_max_m must be an int >= 1, got {self.decode_max_m!r}")
+        if isinstance(self.split_m, bool) or not isinstance(self.split_m, int) or self.split_m < 0:
+            raise ValueError(f"split_m must be an int >= 0, got {self.split_m!r}")
         if not 1.0 < self.rank_step < 2.0:
             raise ValueError(f"rank_step must be in (1, 2), got {self.rank_step!r}")
         if self.vendor_margin and self.formulation == "log_latency":
@@ -174,13 +183,79 @@ def targets(df, formulation: str, rank_step: float = RANK_STEP) -> np.ndarray:
     return np.clip(top - np.floor(np.log(slow) / np.log(rank_step)), 0, top)
 
 
-def _scale_leaves(tree: dict, factor: float) -> dict:
-    """A copy of an xgboost JSON tree with its leaf values times factor."""
+def _scale_leaves(tree: dict, factor: float, offset: float = 0.0) -> dict:
+    """A copy of an xgboost JSON tree with its leaf values times factor, plus offset."""
     out = dict(tree)
     leaf = [c == -1 for c in tree["left_children"]]
     for key in ("split_conditions", "base_weights"):
-        out[key] = [v * factor if is_leaf else v for v, is_leaf in zip(tree[key], leaf)]
+        out[key] = [v * factor + offset if is_leaf else v for v, is_leaf in zip(tree[key], leaf)]
     return out
+
+
+def gate_trees(low: dict, high: dict, feature: int, threshold: float, low_offset: float = 0.0) -> dict:
+    """One xgboost JSON tree that is ``low`` where feature < threshold and ``high`` elsewhere: a new
+    root split with both trees' nodes renumbered after it; ``low_offset`` is added to low's leaves
+    (to carry a difference of base scores)."""
+    low = _scale_leaves(low, 1.0, low_offset)
+    n_low = len(low["left_children"])
+    n_high = len(high["left_children"])
+
+    def renumbered(t, off):
+        kids = lambda key: [c + off if c != -1 else -1 for c in t[key]]  # noqa: E731
+        return kids("left_children"), kids("right_children"), [0] + [p + off for p in t["parents"][1:]]
+
+    (a_left, a_right, a_par), (b_left, b_right, b_par) = renumbered(low, 1), renumbered(high, 1 + n_low)
+    both = lambda key: list(low[key]) + list(high[key])  # noqa: E731
+    for key in ("categories", "categories_nodes", "categories_segments", "categories_sizes"):
+        if low.get(key) or high.get(key):
+            raise ValueError("gate_trees does not join trees with categorical splits")
+    return {
+        "left_children": [1] + a_left + b_left,
+        "right_children": [1 + n_low] + a_right + b_right,
+        "parents": [2147483647] + a_par + b_par,
+        "split_indices": [int(feature)] + both("split_indices"),
+        "split_conditions": [float(threshold)] + both("split_conditions"),
+        "split_type": [0] + both("split_type"),
+        "default_left": [0] + both("default_left"),
+        "base_weights": [0.0] + both("base_weights"),
+        "loss_changes": [0.0] + both("loss_changes"),
+        "sum_hessian": [float(low["sum_hessian"][0]) + float(high["sum_hessian"][0])] + both("sum_hessian"),
+        "categories": [], "categories_nodes": [], "categories_segments": [], "categories_sizes": [],
+        "id": int(high.get("id", 0)),
+        "tree_param": {**high["tree_param"], "num_nodes": str(1 + n_low + n_high), "num_deleted": "0"},
+    }
+
+
+def _base_score(raw: dict) -> float:
+    return float(str(raw["learner"]["learner_model_param"]["base_score"]).strip("[]"))
+
+
+def gate_boosters(low, high, feature: int, threshold: float):
+    """One booster whose margin is ``low``'s where feature < threshold and ``high``'s elsewhere
+    (exactly: ``high``'s base score is kept and the difference carried in ``low``'s first tree).
+    Round r of the result joins round r of both (gate_trees), so a prefix of its trees is both
+    boosters' first rounds, which the runtime's cascade scores every candidate with."""
+    import json
+
+    import xgboost as xgb
+
+    raws = [json.loads(b.save_raw("json")) for b in (low, high)]
+    models = [r["learner"]["gradient_booster"]["model"] for r in raws]
+    for m in models:
+        if int(m["gbtree_model_param"]["num_parallel_tree"]) != 1 or any(t != 0 for t in m["tree_info"]):
+            raise ValueError("gate_boosters needs one tree per round and one output (parallel_trees 1)")
+    if len(models[0]["trees"]) != len(models[1]["trees"]):
+        raise ValueError("gate_boosters needs boosters of the same number of rounds")
+    offset = _base_score(raws[0]) - _base_score(raws[1])
+    trees = [gate_trees(lo, hi, feature, threshold, offset if r == 0 else 0.0)
+             for r, (lo, hi) in enumerate(zip(*(m["trees"] for m in models)))]
+    for i, t in enumerate(trees):
+        t["id"] = i
+    out = raws[1]
+    out["learner"]["gradient_booster"]["model"]["trees"] = trees
+    joined = xgb.Booster()
+    joined.load_model(bytearray(json.dumps(out).encode()))
+    return joined
 
 
 def merge_boosters(boosters):
@@ -231,8 +306,6 @@ class CostModel:
 
     def fit(self, df, progress=None) -> "CostModel":
         """Train on a dataset frame (gemm_costmodel.data.dataset schema). Returns self."""
-        import xgboost as xgb
-
         rows = training_rows(df, self.config.stable_only)
         if len(rows) == 0:
             raise ValueError("no trainable rows (status ok, timed, stable)")
@@ -244,6 +317,37 @@ class CostModel:
             if len(rows) == 0:
                 raise ValueError(f"no shape with two or more trainable candidates: a {self.config.formulation} "
                                  "model learns the order of candidates within a shape")
+        low = rows["m"].to_numpy() <= self.config.split_m
+        if self.config.split_m and low.any() and not low.all():
+            # Decode queries and the rest each get their own trees (TrainConfig.split_m), joined
+            # under a root split halfway (in log2) between split_m and split_m + 1.
+            feature = F.feature_names(self._op(df)).index("log2_m")
+            threshold = float(np.log2(self.config.split_m + 0.5))
+            lows, highs = self._boosters(rows[low], progress), self._boosters(rows[~low], progress)
+            boosters = [gate_boosters(lo, hi, feature, threshold) for lo, hi in zip(lows, highs)]
+        else:
+            boosters = self._boosters(rows, progress)
+        self.booster_ = boosters[0] if len(boosters) == 1 else merge_boosters(boosters)
+        self.shortlist_ = self._shortlist(training_rows(df, stable_only=False))
+        self.op_ = self._op(df)
+        self.feature_names_ = F.feature_names(self.op_)
+        self.schema_hash_ = F.schema_hash(self.op_)
+        self.n_rows_ = int(len(rows))
+        self.n_shapes_ = int(len(np.unique(shape_ids(rows))))
+        return self
+
+    @staticmethod
+    def _op(df) -> str:
+        """The op of the rows (one op per model; rows without an op column are dense GEMM rows)."""
+        ops = sorted(df["op"].astype(str).unique()) if "op" in df.columns else ["gemm"]
+        if len(ops) != 1:
+            raise ValueError(f"one op per model, got rows of {', '.join(ops)}")
+        return ops[0]
+
+    def _boosters(self, rows, progress=None) -> list:
+        """The n_seeds boosters fitted on ``rows`` (sorted by query, as fit leaves them)."""
+        import xgboost as xgb
+
         X = F.from_frame(rows, hardware.spec_for)
         y = targets(rows, self.config.formulation, self.config.rank_step)
         dm = xgb.DMatrix(X, label=y)
@@ -255,21 +359,9 @@ class CostModel:
             weight = rows.assign(_w=weight).groupby("_sid", sort=True)["_w"].max().to_numpy()
         dm.set_weight(weight)
         callbacks = [progress] if progress is not None else None
-        boosters = [xgb.train({**self.config.xgb_params(), "seed": self.config.seed + i}, dm,
-                              num_boost_round=self.config.n_estimators, callbacks=callbacks)
-                    for i in range(self.config.n_seeds)]
-        self.booster_ = boosters[0] if len(boosters) == 1 else merge_boosters(boosters)
-        self.shortlist_ = self._shortlist(training_rows(df, stable_only=False))
-        # The op's schema (one op per model; rows without an op column are dense GEMM rows).
-        ops = sorted(df["op"].astype(str).unique()) if "op" in df.columns else ["gemm"]
-        if len(ops) != 1:
-            raise ValueError(f"one op per model, got rows of {', '.join(ops)}")
-        self.op_ = ops[0]
-        self.feature_names_ = F.feature_names(self.op_)
-        self.schema_hash_ = F.schema_hash(self.op_)
-        self.n_rows_ = int(len(rows))
-        self.n_shapes_ = int(len(np.unique(shape_ids(rows))))
-        return self
+        return [xgb.train({**self.config.xgb_params(), "seed": self.config.seed + i}, dm,
+                          num_boost_round=self.config.n_estimators, callbacks=callbacks)
+                for i in range(self.config.n_seeds)]
 
     def _shortlist(self, rows) -> dict[int, list[str]] | None:
         if not self.config.shortlist_tol:
