@@ -175,7 +175,7 @@ def test_cascade_parts_sum_to_the_model(exported, formulation):
     runtime-built rows; the manifest names both files with their sizes and digests."""
     _, onnx_path, man = exported[formulation]
     cas = man["cascade"]
-    # The dense op's registry entry keeps 24, the MoE op's 64, fp8_blockscale's 48 (the default,
+    # The dense op's registry entry keeps 32, the MoE op's 64, fp8_blockscale's 48 (the default,
     # X.CASCADE_KEEP, is 32); each shipped manifest carries its op's.
     from gemm_costmodel import registry
 
