@@ -225,8 +225,10 @@ REGISTRY: dict[str, OpSpec] = {
         # picks went from 1.028x to 1.006x off the oracle and the bf16 balanced worst case from 1.135
         # to 1.067 (leave-family-out; fp8 and skewed within 0.1%; models/NOTES.md, "The MoE GEMV
         # compiled per weight shape").
+        # M <= 4 (the GEMV's range) with trees of its own: held-out bf16 balanced 1.0114 -> 1.0060,
+        # worst 1.134 -> 1.105 (models/NOTES.md, "Decode trees of their own", MoE).
         train_defaults={"shortlist_tol": 0.0, "n_estimators": 300, "learning_rate": 0.1, "rank_step": 1.01,
-                        "decode_weight": 4},
+                        "decode_weight": 4, "split_m": 4},
         # 64 kept: after the retrain on the fp8 down GEMV's rows, the 60-tree prefix's best 32 missed
         # the whole model's pick on 15 of 676 problems (the 376 evaluation stage shapes and 300
         # sampled training ones), 48 on 2, 64 on 1, 96 on none (models/NOTES.md). A MoE decision is

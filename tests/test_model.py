@@ -428,7 +428,8 @@ def test_gate_trees_rejects_categorical_splits():
 def test_cli_split_m_from_the_op_then_the_command_line():
     from gemm_costmodel.cli import _train_config, build_parser
 
-    # The dense op splits off M <= 2 (registry train_defaults); the other ops keep one model.
+    # The dense op splits off M <= 2 and MoE M <= 4 (registry train_defaults); fp8_blockscale keeps one model.
     assert _train_config(build_parser().parse_args(["train"])).split_m == 2
-    assert _train_config(build_parser().parse_args(["train", "--op", "moe"])).split_m == 0
+    assert _train_config(build_parser().parse_args(["train", "--op", "moe"])).split_m == 4
+    assert _train_config(build_parser().parse_args(["train", "--op", "fp8_blockscale"])).split_m == 0
     assert _train_config(build_parser().parse_args(["train", "--split-m", "0"])).split_m == 0
