@@ -433,3 +433,15 @@ def test_cli_split_m_from_the_op_then_the_command_line():
     assert _train_config(build_parser().parse_args(["train", "--op", "moe"])).split_m == 4
     assert _train_config(build_parser().parse_args(["train", "--op", "fp8_blockscale"])).split_m == 0
     assert _train_config(build_parser().parse_args(["train", "--split-m", "0"])).split_m == 0
+
+
+def test_gate_boosters_rejects_mismatched_boosters(fp8):
+    from gemm_costmodel.learning.model import gate_boosters
+
+    a = CostModel(SMALL.with_(n_estimators=4)).fit(fp8).booster_
+    b = CostModel(SMALL.with_(n_estimators=5)).fit(fp8).booster_
+    with pytest.raises(ValueError, match="gate_boosters needs boosters of the same number of rounds"):
+        gate_boosters(a, b, 0, 1.3)
+    c = CostModel(SMALL.with_(n_estimators=4, parallel_trees=2)).fit(fp8).booster_
+    with pytest.raises(ValueError, match="gate_boosters needs one tree per round"):
+        gate_boosters(a, c, 0, 1.3)

@@ -230,22 +230,37 @@ def _base_score(raw: dict) -> float:
     return float(str(raw["learner"]["learner_model_param"]["base_score"]).strip("[]"))
 
 
+def _round_trees(boosters, what: str) -> tuple[list[dict], list[dict]]:
+    """(raw JSON, gbtree model) of each booster, checked to hold one tree per round, one output and
+    the same number of rounds (what merge_boosters and gate_boosters combine round by round)."""
+    import json
+
+    raws = [json.loads(b.save_raw("json")) for b in boosters]
+    models = [r["learner"]["gradient_booster"]["model"] for r in raws]
+    for m in models:
+        if int(m["gbtree_model_param"]["num_parallel_tree"]) != 1 or any(t != 0 for t in m["tree_info"]):
+            raise ValueError(f"{what} needs one tree per round and one output (parallel_trees 1)")
+    if any(len(m["trees"]) != len(models[0]["trees"]) for m in models):
+        raise ValueError(f"{what} needs boosters of the same number of rounds")
+    return raws, models
+
+
+def _load_raw(raw: dict):
+    import json
+
+    import xgboost as xgb
+
+    out = xgb.Booster()
+    out.load_model(bytearray(json.dumps(raw).encode()))
+    return out
+
+
 def gate_boosters(low, high, feature: int, threshold: float):
     """One booster whose margin is ``low``'s where feature < threshold and ``high``'s elsewhere
     (exactly: ``high``'s base score is kept and the difference carried in ``low``'s first tree).
     Round r of the result joins round r of both (gate_trees), so a prefix of its trees is both
     boosters' first rounds, which the runtime's cascade scores every candidate with."""
-    import json
-
-    import xgboost as xgb
-
-    raws = [json.loads(b.save_raw("json")) for b in (low, high)]
-    models = [r["learner"]["gradient_booster"]["model"] for r in raws]
-    for m in models:
-        if int(m["gbtree_model_param"]["num_parallel_tree"]) != 1 or any(t != 0 for t in m["tree_info"]):
-            raise ValueError("gate_boosters needs one tree per round and one output (parallel_trees 1)")
-    if len(models[0]["trees"]) != len(models[1]["trees"]):
-        raise ValueError("gate_boosters needs boosters of the same number of rounds")
+    raws, models = _round_trees((low, high), "gate_boosters")
     offset = _base_score(raws[0]) - _base_score(raws[1])
     trees = [gate_trees(lo, hi, feature, threshold, offset if r == 0 else 0.0)
              for r, (lo, hi) in enumerate(zip(*(m["trees"] for m in models)))]
@@ -253,9 +268,7 @@ def gate_boosters(low, high, feature: int, threshold: float):
         t["id"] = i
     out = raws[1]
     out["learner"]["gradient_booster"]["model"]["trees"] = trees
-    joined = xgb.Booster()
-    joined.load_model(bytearray(json.dumps(out).encode()))
-    return joined
+    return _load_raw(out)
 
 
 def merge_boosters(boosters):
@@ -266,26 +279,15 @@ def merge_boosters(boosters):
     prefix of the merged trees averages the boosters' first rounds (what the runtime's cascade
     scores every candidate with). The boosters must share the objective, features and tree shape
     per round (one tree per round)."""
-    import json
-
-    import xgboost as xgb
-
-    raws = [json.loads(b.save_raw("json")) for b in boosters]
-    k = len(raws)
-    models = [r["learner"]["gradient_booster"]["model"] for r in raws]
-    for m in models:
-        if int(m["gbtree_model_param"]["num_parallel_tree"]) != 1 or any(t != 0 for t in m["tree_info"]):
-            raise ValueError("merge_boosters needs one tree per round and one output (parallel_trees 1)")
-    rounds = len(models[0]["trees"])
-    if any(len(m["trees"]) != rounds for m in models):
-        raise ValueError("merge_boosters needs boosters of the same number of rounds")
+    raws, models = _round_trees(boosters, "merge_boosters")
+    k, rounds = len(raws), len(models[0]["trees"])
     trees = []
     for r in range(rounds):
         for m in models:
             t = _scale_leaves(m["trees"][r], 1.0 / k)
             t["id"] = len(trees)
             trees.append(t)
-    base = [float(str(r["learner"]["learner_model_param"]["base_score"]).strip("[]")) for r in raws]
+    base = [_base_score(r) for r in raws]
     out = raws[0]
     model = out["learner"]["gradient_booster"]["model"]
     model["trees"] = trees
@@ -293,9 +295,7 @@ def merge_boosters(boosters):
     model["iteration_indptr"] = list(range(len(trees) + 1))
     model["gbtree_model_param"]["num_trees"] = str(len(trees))
     out["learner"]["learner_model_param"]["base_score"] = f"[{float(np.mean(base)):.9E}]"
-    merged = xgb.Booster()
-    merged.load_model(bytearray(json.dumps(out).encode()))
-    return merged
+    return _load_raw(out)
 
 
 class CostModel:
@@ -317,11 +317,12 @@ class CostModel:
             if len(rows) == 0:
                 raise ValueError(f"no shape with two or more trainable candidates: a {self.config.formulation} "
                                  "model learns the order of candidates within a shape")
+        op = self._op(df)
         low = rows["m"].to_numpy() <= self.config.split_m
         if self.config.split_m and low.any() and not low.all():
             # Decode queries and the rest each get their own trees (TrainConfig.split_m), joined
             # under a root split halfway (in log2) between split_m and split_m + 1.
-            feature = F.feature_names(self._op(df)).index("log2_m")
+            feature = F.feature_names(op).index("log2_m")
             threshold = float(np.log2(self.config.split_m + 0.5))
             lows, highs = self._boosters(rows[low], progress), self._boosters(rows[~low], progress)
             boosters = [gate_boosters(lo, hi, feature, threshold) for lo, hi in zip(lows, highs)]
@@ -329,7 +330,7 @@ class CostModel:
             boosters = self._boosters(rows, progress)
         self.booster_ = boosters[0] if len(boosters) == 1 else merge_boosters(boosters)
         self.shortlist_ = self._shortlist(training_rows(df, stable_only=False))
-        self.op_ = self._op(df)
+        self.op_ = op
         self.feature_names_ = F.feature_names(self.op_)
         self.schema_hash_ = F.schema_hash(self.op_)
         self.n_rows_ = int(len(rows))
