@@ -555,7 +555,8 @@ def _model_args(p, report: bool = False, train: bool = False) -> None:
                    help="largest M that --decode-weight applies to (default: the op's, else 4)")
     p.add_argument("--split-m", type=int, default=None,
                    help="queries with M <= this get trees of their own, joined with the rest under a root "
-                        "split on M (0: one model for every M; default: the op's, 2 for gemm, else 0)")
+                        "split on M (0: one model for every M; default: the op's registry value: gemm 2, "
+                        "moe 4, fp8_blockscale 0)")
     p.add_argument("--jobs", type=int, default=2, help="xgboost threads")
     p.add_argument("--seed", type=int, default=0)
     if report:

@@ -318,11 +318,12 @@ class CostModel:
                 raise ValueError(f"no shape with two or more trainable candidates: a {self.config.formulation} "
                                  "model learns the order of candidates within a shape")
         op = self._op(df)
+        names = F.feature_names(op)
         low = rows["m"].to_numpy() <= self.config.split_m
         if self.config.split_m and low.any() and not low.all():
             # Decode queries and the rest each get their own trees (TrainConfig.split_m), joined
             # under a root split halfway (in log2) between split_m and split_m + 1.
-            feature = F.feature_names(op).index("log2_m")
+            feature = names.index("log2_m")
             threshold = float(np.log2(self.config.split_m + 0.5))
             lows, highs = self._boosters(rows[low], progress), self._boosters(rows[~low], progress)
             boosters = [gate_boosters(lo, hi, feature, threshold) for lo, hi in zip(lows, highs)]
@@ -331,7 +332,7 @@ class CostModel:
         self.booster_ = boosters[0] if len(boosters) == 1 else merge_boosters(boosters)
         self.shortlist_ = self._shortlist(training_rows(df, stable_only=False))
         self.op_ = op
-        self.feature_names_ = F.feature_names(self.op_)
+        self.feature_names_ = names
         self.schema_hash_ = F.schema_hash(self.op_)
         self.n_rows_ = int(len(rows))
         self.n_shapes_ = int(len(np.unique(shape_ids(rows))))
