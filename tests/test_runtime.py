@@ -664,6 +664,32 @@ def test_broken_cascade_scores_with_the_whole_model(shipped_copy):
     assert "missing" in Dispatcher(gpu_name=GPU, models_dir=str(shipped_copy)).model_for("fp16").cascade_problem
 
 
+class _ScoresById:
+    """A stand-in onnxruntime session: the score of a row is table[row[0]] (rows carry their id)."""
+
+    def __init__(self, table):
+        self.table = np.asarray(table, dtype=np.float32)
+
+    def run(self, _outputs, feeds):
+        (X,) = feeds.values()
+        return [self.table[X[:, 0].astype(int)].reshape(-1, 1)]
+
+
+def test_cascade_keeps_every_row_tied_at_the_cut(model_dir):
+    """Rows tied with the prefix's keep-th best all get the suffix: here rows 2-5 tie for the 3rd
+    place by the prefix and row 5 is the whole model's best, which argpartition alone could drop."""
+    model = Dispatcher(gpu_name=GPU, models_dir=model_dir).model_for("fp16")
+    sign = model.sign
+    prefix = _ScoresById(sign * np.array([0, 1, 2, 2, 2, 2, 3, 4, 5, 6]))
+    suffix = _ScoresById(sign * np.array([5, 5, 5, 5, 5, -10, 0, 0, 0, 0]))
+    model.cascade = (prefix, suffix, 3)
+    rows = np.zeros((10, len(F.feature_names())), dtype=np.float32)
+    rows[:, 0] = np.arange(10)
+    for perm in (np.arange(10), np.arange(10)[::-1], np.random.default_rng(1).permutation(10)):
+        order, s = model.best(rows[perm], perm, 1)
+        assert perm[order[0]] == 5 and s[0] == pytest.approx(-8.0)
+
+
 def test_best_through_the_cascade_by_hand(model_dir):
     """best(): with keep >= the rows, the whole model scores everything; otherwise only the prefix's
     best `keep` rows get the suffix, and ties go to the lower tiebreak."""

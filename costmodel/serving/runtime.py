@@ -258,8 +258,8 @@ class _OnnxModel:
     def best(self, X: np.ndarray, tiebreak: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
         """(rows, scores) of the count best rows of X (lowest score first; ties by tiebreak), with
         their whole-model scores. A single pick (select) goes through the cascade when it is loaded
-        and more than `keep` rows compete: rows outside the prefix's best never get the suffix.
-        A ranking (rank, count > 1) scores every row with the whole model, so its order is exact."""
+        and more than `keep` rows compete: only the prefix's `keep` best rows, and any tied with
+        the last of them, get the suffix. A ranking (rank, count > 1) scores every row with the whole model, so its order is exact."""
         n = len(X)
         # The vendor's offset enters once, with the prefix or the whole model, as in CostModel.score.
         bias = -self.vendor_margin * X[:, self.vendor_feature] if self.vendor_margin else 0.0
@@ -267,7 +267,10 @@ class _OnnxModel:
             prefix, suffix, keep = self.cascade
             if n > keep:
                 s = self.score(X, prefix) + bias
-                top = np.argpartition(s, keep - 1)[:keep]
+                # Every row tied with the keep-th best goes on: the prefix's few trees give many
+                # candidates the same score, and argpartition alone dropped tied rows arbitrarily,
+                # the whole model's best among them once (dense fp8 2x2048x14336).
+                top = np.flatnonzero(s <= np.partition(s, keep - 1)[keep - 1])
                 s = s[top] + self.score(X[top], suffix)
                 order = np.lexsort((tiebreak[top], s))[:count]
                 return top[order], s[order]
