@@ -259,7 +259,8 @@ class _OnnxModel:
         """(rows, scores) of the count best rows of X (lowest score first; ties by tiebreak), with
         their whole-model scores. A single pick (select) goes through the cascade when it is loaded
         and more than `keep` rows compete: only the prefix's `keep` best rows, and any tied with
-        the last of them, get the suffix. A ranking (rank, count > 1) scores every row with the whole model, so its order is exact."""
+        the last of them, get the suffix. A ranking (rank, count > 1) scores every row with the
+        whole model, so its order is exact."""
         n = len(X)
         # The vendor's offset enters once, with the prefix or the whole model, as in CostModel.score.
         bias = -self.vendor_margin * X[:, self.vendor_feature] if self.vendor_margin else 0.0
