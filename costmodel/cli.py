@@ -256,6 +256,11 @@ def cmd_import(args) -> int:
 
 # -- cost model -----------------------------------------------------------------
 
+def _int_tuple(text: str) -> tuple[int, ...]:
+    """'1,2,4' -> (1, 2, 4), for argparse (it names the option on a ValueError)."""
+    return tuple(int(v) for v in text.split(","))
+
+
 def _train_config(args):
     from gemm_costmodel import registry
     from gemm_costmodel.learning.model import TrainConfig
@@ -271,6 +276,7 @@ def _train_config(args):
                        max_depth=pick("depth", "max_depth"), learning_rate=pick("eta", "learning_rate"),
                        n_jobs=args.jobs, seed=args.seed, eval_weight=pick("eval_weight", "eval_weight"),
                        shortlist_tol=pick("shortlist_tol", "shortlist_tol"),
+                       shortlist_edges=pick("shortlist_edges", "shortlist_edges"),
                        vendor_margin=pick("vendor_margin", "vendor_margin"),
                        parallel_trees=pick("parallel_trees", "parallel_trees"),
                        n_seeds=pick("n_seeds", "n_seeds"),
@@ -535,7 +541,7 @@ def _model_args(p, report: bool = False, train: bool = False) -> None:
     p.add_argument("--eta", type=float, default=None)
     p.add_argument("--shortlist-tol", type=float, default=None,
                    help="runtime shortlist: candidates within this factor of a training shape's best per M "
-                        "bucket (0: score every candidate; default: the op's, 1.05 for gemm, 0 for fp8_blockscale)")
+                        "bucket (0: score every candidate; default: the op's, 1.03 for gemm, 0 for fp8_blockscale and moe)")
     p.add_argument("--vendor-margin", type=float, default=None,
                    help="pick a Triton config over the vendor library only when its ranking score is better by "
                         "more than this (default: the op's, 0.5 for fp8_blockscale, else 0)")
@@ -553,6 +559,9 @@ def _model_args(p, report: bool = False, train: bool = False) -> None:
                         "--eval-weight (default: the op's, else 1)")
     p.add_argument("--decode-max-m", type=int, default=None,
                    help="largest M that --decode-weight applies to (default: the op's, else 4)")
+    p.add_argument("--shortlist-edges", type=_int_tuple, default=None, metavar="M1,M2,...",
+                   help="upper M edges of the shortlist's buckets, increasing (default: the op's registry "
+                        "value: gemm 1,2,4,...,4096, else 16,64,256,1024)")
     p.add_argument("--split-m", type=int, default=None,
                    help="queries with M <= this get trees of their own, joined with the rest under a root "
                         "split on M (0: one model for every M; default: the op's registry value: gemm 2, "

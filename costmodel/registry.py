@@ -156,14 +156,21 @@ REGISTRY: dict[str, OpSpec] = {
         # grades: benchmarks/results/runtime/h100-host-cascade/), at little more onnxruntime time.
         # 32 kept since M <= 2 got trees of its own: 24 missed 1 of 500 cold problems (fp8
         # 2x2048x14336, the whole model's pick 29th by the prefix), 32 none of those 500 and the
-        # 589 H100 evaluation shapes.
-        cascade={"keep": 32},
+        # 589 H100 evaluation shapes. 16 kept since the shortlist narrowed (a bucket per power of
+        # 2 of M, below): it agrees with the whole model on 3,500 of 3,500 problems (500 cold
+        # benchmark ones, 3,000 training ones; 12 kept missed 4, 8 missed 37;
+        # benchmarks/explore/cascade_check.py --op gemm --cold 500 --train 3000 --keep K).
+        cascade={"keep": 16},
         # 1% grade steps: the GEMV configs of an M = 1 weight sit within 1-4% of each other (memory
         # bound, timed to well under 1%), so 3% grades left the ranker indifferent among them
         # (models/NOTES.md, "Finer rank grades"). M <= 2 (where the GEMV runs) gets trees of its
         # own: shared trees made the held-out picks at M > 2 0.1-0.5% slower in absolute time
-        # (models/NOTES.md, "Decode trees of their own").
-        train_defaults={"rank_step": 1.01, "split_m": 2}),
+        # (models/NOTES.md, "Decode trees of their own"). The shortlist: a bucket per power of 2
+        # of M up to 4096 and configs within 3% of a training shape's best, a median of 66
+        # candidates scored per cold decision instead of 135 (four buckets, 5%), with the same
+        # pick on every held-out shape of the family folds (models/NOTES.md, "A finer shortlist").
+        train_defaults={"rank_step": 1.01, "split_m": 2, "shortlist_tol": 1.03,
+                        "shortlist_edges": (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)}),
     # vLLM's w8a8 block-fp8 linear; the vendor candidate is torch._scaled_mm with cuBLASLt's
     # blockwise scaling (sm90).
     "fp8_blockscale": OpSpec(

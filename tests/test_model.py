@@ -445,3 +445,46 @@ def test_gate_boosters_rejects_mismatched_boosters(fp8):
     c = CostModel(SMALL.with_(n_estimators=4, parallel_trees=2)).fit(fp8).booster_
     with pytest.raises(ValueError, match="gate_boosters needs one tree per round"):
         gate_boosters(a, c, 0, 1.3)
+
+
+def test_train_config_shortlist_edges():
+    assert TrainConfig().shortlist_edges == SHORTLIST_EDGES
+    # Read back from JSON (a training side file): a list becomes the tuple.
+    assert SMALL.with_(shortlist_edges=[1, 2, 8]).shortlist_edges == (1, 2, 8)
+    for bad in ((), (4, 2), (2, 2), (0, 4), (1.0, 4), (True, 4), "1,2", None):
+        with pytest.raises(ValueError, match="shortlist_edges must be a non-empty tuple of increasing ints"):
+            SMALL.with_(shortlist_edges=bad)
+
+
+def test_m_bucket_index_with_own_edges():
+    # M <= 1 -> 0, M = 2 -> 1, 3..8 -> 2, above 8 -> 3.
+    np.testing.assert_array_equal(m_bucket_index([1, 2, 3, 8, 9, 4096], (1, 2, 8)), [0, 1, 2, 2, 3, 3])
+
+
+def test_shortlist_follows_its_edges(fp8):
+    edges = (1, 64, 512)
+    model = CostModel(SMALL.with_(shortlist_edges=edges, n_estimators=2)).fit(fp8)
+    sl = model.shortlist_
+    assert sorted(sl) == [0, 1, 2, 3]
+    best = fp8.loc[fp8.groupby(["m", "n", "k"])["p50_us"].idxmin()]
+    for m, cand in zip(best["m"], best["candidate"]):
+        assert cand in sl[int(m_bucket_index(m, edges))], (m, cand)
+    # in_shortlist reads the same buckets: a row is kept iff its candidate is on its M's bucket.
+    keep = model.in_shortlist(fp8)
+    b = m_bucket_index(fp8["m"].to_numpy(), edges)
+    expect = [c in set(sl[int(i)]) for c, i in zip(fp8["candidate"].astype(str), b)]
+    np.testing.assert_array_equal(keep, expect)
+    assert model.params()["shortlist_edges"] == [1, 64, 512]  # JSON-shaped, as the manifest holds it
+
+
+def test_cli_shortlist_edges_from_the_op_then_the_command_line():
+    from gemm_costmodel.cli import _train_config, build_parser
+
+    fine = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+    assert _train_config(build_parser().parse_args(["train"])).shortlist_edges == fine
+    assert _train_config(build_parser().parse_args(["train"])).shortlist_tol == 1.03
+    assert _train_config(build_parser().parse_args(["train", "--op", "moe"])).shortlist_edges == SHORTLIST_EDGES
+    args = build_parser().parse_args(["train", "--shortlist-edges", "4,64"])
+    assert _train_config(args).shortlist_edges == (4, 64)
+    with pytest.raises(SystemExit):  # argparse names the option
+        build_parser().parse_args(["train", "--shortlist-edges", "4,x"])

@@ -714,3 +714,18 @@ def test_best_through_the_cascade_by_hand(model_dir):
     order, s = model.best(rows, tie, 1)
     np.testing.assert_array_equal(order, want)
     np.testing.assert_allclose(s, whole[want], atol=1e-4)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 16, 17, 1024, 1025, 4096, 4097, 10 ** 6])
+def test_shortlist_bucket_at_runtime_is_trainings(m):
+    """The runtime finds M's shortlist bucket with bisect over the manifest's edges; training
+    (model.m_bucket_index) with searchsorted: the same bucket at and around every edge."""
+    from gemm_costmodel.learning.model import m_bucket_index
+
+    d = Dispatcher(gpu_name=GPU)
+    model = d.model_for("bf16")
+    edges = tuple(model.manifest["shortlist"]["m_edges"])
+    assert edges == (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)  # the registry's dense edges
+    ct = table("sm90", "bf16")
+    ids = set(model.manifest["shortlist"]["buckets"][str(int(m_bucket_index(m, edges)))])
+    np.testing.assert_array_equal(model.shortlist_mask(ct, m), [c in ids for c in ct.ids])

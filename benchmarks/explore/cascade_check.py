@@ -8,6 +8,10 @@ for each, how far apart the two picks' whole-model scores are.
 
     python benchmarks/explore/cascade_check.py [--op moe] [--train 300]
     python benchmarks/explore/cascade_check.py --op fp8_blockscale --train 300
+    python benchmarks/explore/cascade_check.py --op gemm --cold 500 --keep 16
+
+``--cold N`` adds the cold-decision benchmark's first N problems (``dispatch_cpu``, dense only);
+``--keep K`` overrides the loaded models' keep (what a registry change would export).
 """
 from __future__ import annotations
 
@@ -22,7 +26,9 @@ GPU = "NVIDIA H100 80GB HBM3"
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--op", default="moe", choices=("moe", "fp8_blockscale"))
+    ap.add_argument("--op", default="moe", choices=("moe", "fp8_blockscale", "gemm"))
+    ap.add_argument("--cold", type=int, default=0, help="the cold-decision benchmark's first N problems too")
+    ap.add_argument("--keep", type=int, default=None, help="override the models' keep")
     ap.add_argument("--train", type=int, default=300, help="sampled training problems (all dtypes)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -35,7 +41,19 @@ def main() -> int:
     train = [(d, s) for d in dtypes for s in op.suite("train", d)]
     random.Random(args.seed).shuffle(train)
     probs += train[:args.train]
+    if args.cold:
+        from types import SimpleNamespace
+
+        from gemm_costmodel.benchmarks.dispatch_cpu import _problems
+
+        cold = list(dict.fromkeys(_problems(args.cold * 3, seed=1)))[:args.cold]
+        probs += [(d, SimpleNamespace(m=m, n=n, k=k, e=1, top_k=1, key=(m, n, k))) for m, n, k, d in cold]
     probs = list({(d, s.key): (d, s) for d, s in probs}.values())
+    if args.keep is not None:
+        for d in dtypes:
+            c = disp.model_for(d).cascade
+            if c:
+                disp.model_for(d).cascade = (c[0], c[1], args.keep)
     keep = {d: disp.model_for(d).cascade[2] for d in dtypes if disp.model_for(d).cascade}
     print(f"{len(probs)} problems; cascade keep {keep}")
     miss = 0

@@ -18,7 +18,6 @@ from datetime import datetime, timezone
 import numpy as np
 
 from gemm_costmodel.serving import features as F
-from gemm_costmodel.learning.model import SHORTLIST_EDGES
 from gemm_costmodel.serving.runtime import model_name  # defined there: the runtime prefers the exported name
 
 TARGET_OPSET = 15
@@ -210,8 +209,8 @@ def export(model, out_dir: str, op: str, dtypes: list[str], arch: str, space_has
         "training_data_hash": training_data_hash,
         "training_rows": model.n_rows_, "training_shapes": model.n_shapes_,
         "training_gpus": sorted(gpus or []),
-        # Runtime scores only these candidates (per M bucket); see model.SHORTLIST_EDGES.
-        "shortlist": ({"m_edges": list(SHORTLIST_EDGES), "buckets": {str(k): v for k, v in model.shortlist_.items()}}
+        # Runtime scores only these candidates (per M bucket); see TrainConfig.shortlist_edges.
+        "shortlist": ({"m_edges": list(model.config.shortlist_edges), "buckets": {str(k): v for k, v in model.shortlist_.items()}}
                       if getattr(model, "shortlist_", None) else None),
         "hyperparameters": model.params(),
         "metrics": metrics or {},

@@ -37,9 +37,9 @@ def rank_grades(rank_step: float) -> int:
 SHORTLIST_EDGES = (16, 64, 256, 1024)
 
 
-def m_bucket_index(m) -> np.ndarray:
-    """Shortlist bucket of each M: 0 for M <= 16, ..., len(SHORTLIST_EDGES) above the last edge."""
-    return np.searchsorted(np.asarray(SHORTLIST_EDGES), np.asarray(m), side="left")
+def m_bucket_index(m, edges: tuple[int, ...] = SHORTLIST_EDGES) -> np.ndarray:
+    """Shortlist bucket of each M: 0 for M <= edges[0], ..., len(edges) above the last edge."""
+    return np.searchsorted(np.asarray(edges), np.asarray(m), side="left")
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,9 @@ class TrainConfig:
     # Candidates scored at runtime: per M bucket, those within this factor of a training
     # shape's best (plus cuBLAS). Keeps the cold decision cheap; 0 disables the shortlist.
     shortlist_tol: float = 1.05
+    # Upper M edges of the shortlist's buckets (the last bucket is open-ended): a bucket's
+    # shortlist is the union over its training shapes, so narrower buckets score fewer candidates.
+    shortlist_edges: tuple[int, ...] = SHORTLIST_EDGES
     # Weight of an evaluation shape (every candidate measured) against a sampled training
     # shape (48 configs + cuBLAS). Only a complete shape shows where the true best Triton
     # config stands against cuBLAS; in a sampled one cuBLAS only meets a random 48.
@@ -121,6 +124,14 @@ class TrainConfig:
             raise ValueError(f"split_m must be an int >= 0, got {self.split_m!r}")
         if not 1.0 < self.rank_step < 2.0:
             raise ValueError(f"rank_step must be in (1, 2), got {self.rank_step!r}")
+        edges = self.shortlist_edges
+        if isinstance(edges, list):  # read back from JSON (a training side file, a manifest)
+            edges = tuple(edges)
+            object.__setattr__(self, "shortlist_edges", edges)
+        if not isinstance(edges, tuple) or not edges or any(isinstance(e, bool) or not isinstance(e, int) or e < 1
+                                                              for e in edges) \
+                or any(a >= b for a, b in zip(edges, edges[1:])):
+            raise ValueError(f"shortlist_edges must be a non-empty tuple of increasing ints >= 1, got {edges!r}")
         if self.vendor_margin and self.formulation == "log_latency":
             # That model's score is the latency it reports: a margin would bias the number.
             raise ValueError("vendor_margin needs a relative formulation (rank or normalized), not log_latency")
@@ -369,9 +380,10 @@ class CostModel:
         if not self.config.shortlist_tol:
             return None
         good = rows[slowdowns(rows) <= self.config.shortlist_tol]
-        b = m_bucket_index(good["m"].to_numpy())
+        edges = self.config.shortlist_edges
+        b = m_bucket_index(good["m"].to_numpy(), edges)
         out = {}
-        for i in range(len(SHORTLIST_EDGES) + 1):
+        for i in range(len(edges) + 1):
             ids = set(good["candidate"].astype(str)[b == i]) | {"cublas"}
             out[i] = sorted(ids)
         return out
@@ -380,7 +392,7 @@ class CostModel:
         """Whether each row's candidate is on its M bucket's shortlist (all True without one)."""
         if not getattr(self, "shortlist_", None):
             return np.ones(len(df), dtype=bool)
-        b = m_bucket_index(df["m"].to_numpy())
+        b = m_bucket_index(df["m"].to_numpy(), self.config.shortlist_edges)
         cand = df["candidate"].astype(str).to_numpy()
         sets = {int(i): set(v) for i, v in self.shortlist_.items()}
         return np.array([c in sets[int(i)] for c, i in zip(cand, b)], dtype=bool)
@@ -403,5 +415,5 @@ class CostModel:
         return self.score(F.from_frame(df, hardware.spec_for))
 
     def params(self) -> dict:
-        """The hyperparameters, for manifests."""
-        return asdict(self.config)
+        """The hyperparameters, for manifests (tuples as lists, as JSON reads them back)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.config).items()}
