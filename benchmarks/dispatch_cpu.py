@@ -70,6 +70,9 @@ def main(argv=None) -> int:
     ap.add_argument("--mixed", type=int, default=10_000, help="dispatches per thread in the concurrency check")
     ap.add_argument("--threads", type=int, nargs="+", default=[1],
                     help="onnxruntime intra-op threads of the cold-decision runs (one run each)")
+    ap.add_argument("--interleave-phases", action="store_true",
+                    help="probe each decision's phases right after it (the protocol before 2026-11-28), not "
+                         "in a pass after the timed decisions")
     ap.add_argument("--gc-freeze", action="store_true",
                     help="gc.collect(); gc.freeze() after warm_up, as a server may do after start-up: moves "
                          "start-up objects out of the collector's reach, so a full collection during a "
@@ -79,7 +82,8 @@ def main(argv=None) -> int:
     from gemm_costmodel.serving.runtime import Dispatcher
 
     res = {"gpu": args.gpu, "python": platform.python_version(), "machine": platform.machine(),
-           "cpus": os.cpu_count(), "gc_freeze": bool(args.gc_freeze)}
+           "cpus": os.cpu_count(), "gc_freeze": bool(args.gc_freeze),
+           "phases": "interleaved" if args.interleave_phases else "separate pass"}
     import onnxruntime
 
     res["onnxruntime"] = onnxruntime.__version__
@@ -109,13 +113,17 @@ def main(argv=None) -> int:
             gc.freeze()
         probs = list(dict.fromkeys(_problems(args.cold * 3, seed=1)))[: args.cold]
         ts, cpu, scored, phases = [], [], [], {"mask": [], "features": [], "onnxruntime": [], "cascade": []}
-        agree = 0
-        for p in probs:
+        picks = []
+
+        def timed_select(p):
             c = time.thread_time_ns()
             t = time.perf_counter()
             picked = d.select(*p).candidate
             ts.append((time.perf_counter() - t) * 1e6)
             cpu.append((time.thread_time_ns() - c) / 1e3)
+            picks.append(picked)
+
+        def probe_phases(p):
             # The same decision again, phase by phase (the runtime's own steps, outside select).
             t0 = time.perf_counter()
             ct, idx = d._feasible(p[0], p[1], p[2], p[3])
@@ -133,7 +141,24 @@ def main(argv=None) -> int:
                 phases[k_].append(v * 1e6)
             scored.append(len(sel))
             # Does select (through the cascade) pick what the whole model ranks first?
-            agree += picked == ct.ids[sel[np.lexsort((sel, whole))[0]]]
+            return ct.ids[sel[np.lexsort((sel, whole))[0]]]
+
+        if args.interleave_phases:
+            # Before 2026-11-28: each decision's phase probes ran right after it, so the whole
+            # model's trees (which a cascaded select never reads) and a second pass over the same
+            # work sat between one timed decision and the next.
+            agree = 0
+            for p in probs:
+                timed_select(p)
+                agree += picks[-1] == probe_phases(p)
+        else:
+            # The timed decisions back to back (a cold select per new problem, as a server meets
+            # them), then the phase probes in a pass of their own: instrumentation that runs the
+            # whole model between two timed decisions evicts the cascade's trees from the CPU's
+            # caches and slows the next decision (models/NOTES.md, "A finer shortlist").
+            for p in probs:
+                timed_select(p)
+            agree = sum(pk == probe_phases(p) for p, pk in zip(probs, picks))
         res[f"cold_{label}"] = {**latency_summary(ts, cpu),
                                 "candidates_scored_median": float(np.median(scored)),
                                 "phase_p50_us": {k_: float(np.median(v)) for k_, v in phases.items()},
