@@ -6,6 +6,7 @@ groups, other ops per M bucket (issue 16's match rate).
     python benchmarks/explore/cv_variants.py --op fp8_blockscale --set decode_weight=4 --out /tmp/f.csv
     python benchmarks/explore/cv_variants.py --op moe --gpus "NVIDIA H100 80GB HBM3" --out /tmp/h100.csv
     python benchmarks/explore/cv_variants.py --op gemm --exclude-variant gemv --set seed=1 --out /tmp/g.csv
+    python benchmarks/explore/cv_variants.py --op fp8_blockscale --exclude-file fp8bs-redo3 --out /tmp/f.csv
 
 Each --set is key=value on top of the op's registry train_defaults (the shipped model's
 hyperparameters); values are parsed as int, then float, then kept as strings.
@@ -69,11 +70,20 @@ def main():
     ap.add_argument("--gpus", nargs="+", default=None, help="only rows of these GPU names (default: all)")
     ap.add_argument("--exclude-variant", nargs="+", default=[],
                     help="drop these variants' rows, i.e. the space before they joined it (e.g. gemv)")
+    ap.add_argument("--exclude-file", nargs="+", default=[],
+                    help="leave out the dataset files whose path contains any of these strings (the data "
+                         "before a sweep joined it)")
     args = ap.parse_args()
     over = dict(kv.split("=", 1) for kv in args.set)
     cfg = TrainConfig(**{**registry.get(args.op).train_defaults, **{k: _value(v) for k, v in over.items()}})
     print(cfg, flush=True)
-    df = pipeline.load_training_frame(op=args.op, gpus=args.gpus)
+    paths = None
+    if args.exclude_file:
+        import glob
+
+        paths = [p for p in sorted(glob.glob(f"datasets/{args.op}/**/*.parquet", recursive=True))
+                 if not any(x in p for x in args.exclude_file)]
+    df = pipeline.load_training_frame(paths, op=args.op, gpus=args.gpus)
     if args.exclude_variant:
         df = df[~df["variant"].astype(str).isin(args.exclude_variant)]
     res, _ = evaluate.cross_validate(df, cfg, scheme="family", baselines=False, log=print)
