@@ -36,3 +36,24 @@ def test_latency_summary_splits_off_cpu_decisions():
         dispatch_cpu.latency_summary([1.0, 2.0], [1.0])
     with pytest.raises(ValueError, match="non-empty"):
         dispatch_cpu.latency_summary([], [])
+
+
+@pytest.mark.parametrize("interleave", [False, True])
+def test_timed_decisions_run_back_to_back_unless_interleaved(tmp_path, monkeypatch, interleave):
+    # The phase probes (``Dispatcher._feasible`` is theirs alone: select does not call it) run the
+    # whole model, whose trees a cascaded select never reads; between two timed decisions they
+    # would evict the cascade's trees from the CPU's caches. By default every timed select of a
+    # run comes first, then the probes; --interleave-phases keeps the old order.
+    from gemm_costmodel.serving.runtime import Dispatcher
+
+    events = []
+    select, feasible = Dispatcher.select, Dispatcher._feasible
+    monkeypatch.setattr(Dispatcher, "select", lambda self, *a, **k: events.append("S") or select(self, *a, **k))
+    monkeypatch.setattr(Dispatcher, "_feasible", lambda self, *a: events.append("P") or feasible(self, *a))
+    args = ["--out", str(tmp_path), "--cold", "6", "--warm", "5", "--mixed", "5"]
+    assert dispatch_cpu.main(args + (["--interleave-phases"] if interleave else [])) == 0
+    first = "".join(events[:12])  # the first run's 6 decisions and 6 probes (warm_up calls neither)
+    assert first == ("SP" * 6 if interleave else "S" * 6 + "P" * 6)
+    res = json.loads((tmp_path / "dispatch_cpu.json").read_text())
+    assert res["phases"] == ("interleaved" if interleave else "separate pass")
+    assert res["cold_shortlist"]["cascade_agreement"] == 1.0
