@@ -38,6 +38,11 @@ def _problems(n: int, seed: int) -> list[tuple]:
     return out
 
 
+def cold_problems(n: int, seed: int = 1) -> list[tuple]:
+    """The first n distinct problems of ``_problems`` (the cold benchmark's set for seed 1)."""
+    return list(dict.fromkeys(_problems(n * 3, seed=seed)))[:n]
+
+
 # A decision whose wall time exceeds its thread's CPU time by more than this was off the CPU for
 # part of it (preempted, or waiting on a page fault): the host's doing, not the decision's work.
 # A cold decision takes 0.15-0.6 ms of CPU, so 0.5 ms off the CPU is far outside timer noise.
@@ -111,7 +116,7 @@ def main(argv=None) -> int:
         if args.gc_freeze:
             gc.collect()
             gc.freeze()
-        probs = list(dict.fromkeys(_problems(args.cold * 3, seed=1)))[: args.cold]
+        probs = cold_problems(args.cold)
         ts, cpu, scored, phases = [], [], [], {"mask": [], "features": [], "onnxruntime": [], "cascade": []}
         picks = []
 
@@ -170,7 +175,7 @@ def main(argv=None) -> int:
 
     # -- warm overhead -----------------------------------------------------------------
     d = Dispatcher(gpu_name=args.gpu, models_dir=args.models)
-    probs = list(dict.fromkeys(_problems(3 * args.warm, seed=2)))[: args.warm]
+    probs = cold_problems(args.warm, seed=2)
     for p in probs:
         d.select(*p)
     bare = {(m, n, k, dt, 1, 1): "x" for m, n, k, dt in probs}

@@ -544,7 +544,7 @@ def _model_args(p, report: bool = False, train: bool = False) -> None:
                         "bucket (0: score every candidate; default: the op's, 1.03 for gemm, 0 for fp8_blockscale and moe)")
     p.add_argument("--vendor-margin", type=float, default=None,
                    help="pick a Triton config over the vendor library only when its ranking score is better by "
-                        "more than this (default: the op's, 0.5 for fp8_blockscale, else 0)")
+                        "more than this (default: the op's, else 0; every registered op ships 0)")
     p.add_argument("--parallel-trees", type=int, default=None,
                    help="trees per boosting round, averaged (xgboost num_parallel_tree; default: the op's, "
                         "else 1); the decision then evaluates that many times the trees")

@@ -44,9 +44,9 @@ def main() -> int:
     if args.cold:
         from types import SimpleNamespace
 
-        from gemm_costmodel.benchmarks.dispatch_cpu import _problems
+        from gemm_costmodel.benchmarks.dispatch_cpu import cold_problems
 
-        cold = list(dict.fromkeys(_problems(args.cold * 3, seed=1)))[:args.cold]
+        cold = cold_problems(args.cold)
         probs += [(d, SimpleNamespace(m=m, n=n, k=k, e=1, top_k=1, key=(m, n, k))) for m, n, k, d in cold]
     probs = list({(d, s.key): (d, s) for d, s in probs}.values())
     if args.keep is not None:

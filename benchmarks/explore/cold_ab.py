@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from gemm_costmodel.benchmarks.dispatch_cpu import _problems
+from gemm_costmodel.benchmarks.dispatch_cpu import cold_problems
 from gemm_costmodel.serving.runtime import Dispatcher
 
 
@@ -29,7 +29,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    probs = list(dict.fromkeys(_problems(args.cold * 3, seed=1)))[:args.cold]
+    probs = cold_problems(args.cold)
     disp = {"before": Dispatcher(gpu_name=args.gpu, models_dir=args.before),
             "after": Dispatcher(gpu_name=args.gpu, models_dir=args.after)}
     for d in disp.values():

@@ -93,11 +93,11 @@ def onnx_speed(models: str) -> dict:
 
 def profile(decisions: int) -> dict:
     from gemm_costmodel.serving.runtime import Dispatcher
-    from gemm_costmodel.benchmarks.dispatch_cpu import _problems
+    from gemm_costmodel.benchmarks.dispatch_cpu import cold_problems
 
     d = Dispatcher(gpu_name="NVIDIA H100 80GB HBM3")
     d.warm_up(("bf16", "fp16", "fp8"))
-    probs = list(dict.fromkeys(_problems(decisions * 3, seed=1)))[:decisions]
+    probs = cold_problems(decisions)
     pr = cProfile.Profile()
     t = time.perf_counter()
     pr.enable()
