@@ -182,7 +182,7 @@ def test_device_tree_restore_reports_a_missing_file(tmp_path):
 
 @pytest.mark.parametrize("script", ["device_picks.sh", "device_moe_redo2.sh", "device_fp8bs_gemv3.sh",
                                     "device_fp8bs_train2.sh", "device_gemv_more.sh",
-                                    "device_gemv_m2.sh", "device_fp8bs_redo3.sh"])
+                                    "device_gemv_m2.sh", "device_fp8bs_redo3.sh", "device_fp8bs_redo4.sh"])
 def test_h100_drivers_measure_nothing_on_another_card(tmp_path, script):
     # Picks timed on H200s made the H100 models worse (benchmarks/results/picks/README.md), and a
     # call for H100s can be given H200s: the driver must stop before it starts any sweep (the MoE
