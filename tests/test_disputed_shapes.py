@@ -28,3 +28,23 @@ def test_a_glitch_near_the_best_disputes_the_shape_and_one_far_from_it_does_not(
     got = out.iloc[0]
     assert got["runs"] == 2 and got["near_candidates"] == 2 and abs(got["max_spread"] - 1.18) < 1e-9
     assert list(out.columns[:4]) == ["M", "N", "K", "dtype"]  # the bench --only format
+
+
+def test_a_shape_with_three_runs_is_settled():
+    # The glitch of the first test with a third run that agrees with run 1: the median of three
+    # rejects it, so the shape needs no further run (unless max_runs asks for more).
+    rows = []
+    rows += _rows((16, 2048, 512), "r1", {"a": 3.0, "b": 3.0})
+    rows += _rows((16, 2048, 512), "r2", {"a": 3.0, "b": 3.54})
+    rows += _rows((16, 2048, 512), "r3", {"a": 3.0, "b": 3.0})
+    df = pd.DataFrame(rows)
+    assert disputed_shapes.disputed(df, near=1.10, spread=1.05).empty
+    out = disputed_shapes.disputed(df, near=1.10, spread=1.05, max_runs=3)
+    assert len(out) == 1 and out.iloc[0]["runs"] == 3
+
+
+def test_runs_of_different_gpus_are_never_compared():
+    # The same shape on an H100 and an H200 is two shapes: one run each, nothing to compare.
+    rows = [{**r, "gpu_name": "H100"} for r in _rows((16, 2048, 512), "r1", {"a": 3.0, "b": 3.0})]
+    rows += [{**r, "gpu_name": "H200"} for r in _rows((16, 2048, 512), "r2", {"a": 2.0, "b": 3.0})]
+    assert disputed_shapes.disputed(pd.DataFrame(rows), near=1.10, spread=1.05).empty

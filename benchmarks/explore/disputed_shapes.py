@@ -13,38 +13,57 @@ dataset file on one GPU).
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 
 import pandas as pd
 
 
 def runs_of(root: str, op: str) -> pd.DataFrame:
-    """Every ok row of the op's evaluation shapes, with a run id (file stem + GPU uuid)."""
+    """Every stable ok row of the op's evaluation shapes that the loader would merge, with a run id
+    (data file + GPU uuid): the loader's own rules before its merge (out-of-memory shapes demoted,
+    decode rows under an older L2 policy superseded) are applied first, so only rows that count
+    are compared."""
+    from gemm_costmodel.data import dataset
+
     frames = []
-    for path in sorted(glob.glob(os.path.join(root, op, "**", "*.parquet"), recursive=True)):
-        df = pd.read_parquet(path, columns=["m", "n", "k", "dtype", "candidate", "status", "stable", "p50_us",
-                                            "eval_shape", "gpu_uuid"])
-        df = df[(df["status"] == "ok") & df["stable"].astype(bool) & df["eval_shape"].astype(bool)]
-        if len(df):
-            frames.append(df.assign(run=os.path.basename(path) + ":" + df["gpu_uuid"].astype(str)))
-    return pd.concat(frames, ignore_index=True)
+    for path in dataset.dataset_files(os.path.join(root, op)):
+        df = dataset.read_file(path)
+        frames.append(df.assign(run=os.path.basename(path) + ":" + df["gpu_uuid"].astype(str)))
+    df, _ = dataset.demote_oom_eval_shapes(pd.concat(frames, ignore_index=True))
+    df = dataset.supersede_l2_policies(df)
+    keep = (df["status"] == "ok") & df["stable"].fillna(False).astype(bool) & df["eval_shape"].astype(bool)
+    return df[keep]
 
 
-def disputed(df: pd.DataFrame, near: float, spread: float) -> pd.DataFrame:
+# A shape's identity beyond (M, N, K, dtype): the GPU (runs of two GPU models are never compared)
+# and, for MoE, the experts, the stage and the routing.
+GROUP = ["gpu_name", "dtype", "m", "n", "k", "e", "top_k", "stage", "routing"]
+
+
+def disputed(df: pd.DataFrame, near: float, spread: float, max_runs: int = 2) -> pd.DataFrame:
+    """The disputed shapes of df (rows with a ``run`` column); a shape whose every near candidate
+    has more than max_runs runs already has a median that rejects one run's glitch, and is left out."""
     out = []
-    for (m, n, k, dt), g in df.groupby(["m", "n", "k", "dtype"]):
-        t = g.pivot_table(index="candidate", columns="run", values="p50_us", aggfunc="median")
+    group = [c for c in GROUP if c in df.columns]
+    for key, g in df.groupby(group, observed=True, sort=True):
+        t = g.pivot_table(index="candidate", columns="run", values="p50_us", aggfunc="median", observed=True)
         t = t.dropna(thresh=2)  # a candidate timed in at least two runs
         if t.empty:
             continue
         med = t.median(axis=1)
         top = t[med <= med.min() * near]
+        if int(top.notna().sum(axis=1).min()) > max_runs:
+            continue
         worst = float((top.max(axis=1) / top.min(axis=1)).max())
-        out.append({"M": m, "N": n, "K": k, "dtype": dt, "runs": t.shape[1], "near_candidates": len(top),
-                    "max_spread": round(worst, 4), "best_us": round(float(med.min()), 3)})
+        k = dict(zip(group, key))
+        out.append({"M": k["m"], "N": k["n"], "K": k["k"], "dtype": k["dtype"],
+                    **{c: k[c] for c in ("gpu_name", "e", "top_k", "stage", "routing") if c in k},
+                    "runs": t.shape[1], "near_candidates": len(top), "max_spread": round(worst, 4),
+                    "best_us": round(float(med.min()), 3)})
     res = pd.DataFrame(out)
-    return res[res["max_spread"] > spread].sort_values(["M", "N", "K"])
+    if res.empty:
+        return res
+    return res[res["max_spread"] > spread].reset_index(drop=True)
 
 
 def main(argv=None) -> int:
@@ -53,9 +72,11 @@ def main(argv=None) -> int:
     ap.add_argument("--root", default="datasets")
     ap.add_argument("--near", type=float, default=1.10, help="candidates within this factor of the best")
     ap.add_argument("--spread", type=float, default=1.05, help="max/min over runs above this: disputed")
+    ap.add_argument("--max-runs", type=int, default=2,
+                    help="only shapes with a near candidate timed in at most this many runs (a third run's target)")
     ap.add_argument("--out", required=True, help="CSV: M,N,K,dtype (the bench --only format) and the spread")
     args = ap.parse_args(argv)
-    res = disputed(runs_of(args.root, args.op), args.near, args.spread)
+    res = disputed(runs_of(args.root, args.op), args.near, args.spread, args.max_runs)
     res.to_csv(args.out, index=False)
     print(f"{len(res)} disputed shapes -> {args.out}")
     print(res.to_string(index=False))
