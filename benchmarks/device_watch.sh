@@ -104,3 +104,15 @@ sweep_driver() {
     fi
     collect_tar "$run" "$out" "$wait_s" 20
 }
+
+# fp8bs_eval_rerun TAG OUT WAIT: one more complete run, on an H100, of the fp8_blockscale evaluation
+# shapes listed in benchmarks/results/fp8_blockscale/TAG_eval_shapes.csv, every candidate in one run
+# per shape, as the shard fp8bs-TAG-eval-h100 (device_fp8bs_redo3.sh, device_fp8bs_redo4.sh).
+fp8bs_eval_rerun() {
+    local tag="$1" out="$2" wait_s="$3"
+    require_card h100
+    sweep_driver "/tmp/fp8bs$tag" "$out" "$wait_s" "
+    python3 -m gemm_costmodel.cli bench --op fp8_blockscale --suite eval --dtype fp8 --mode all \
+        --only benchmarks/results/fp8_blockscale/${tag}_eval_shapes.csv --out \$run --quiet \
+        --name fp8bs-$tag-eval-h100" datasets/raw/fp8bs-"$tag"-eval-h100-*.jsonl.gz
+}
