@@ -1,6 +1,7 @@
 """Feature registry: names, schema hash, runtime/training parity and hand-computed values."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -338,3 +339,41 @@ def test_grouped_integer_factors_equal_the_formula_left_to_right(op, dtype, m, n
     np.testing.assert_array_equal(c.full_waves * c.occ_tile_mn2 * c.k_per_split,
                                   c.full_waves * c.occupancy * 2 * c.bm * c.bn * c.k_per_split)
     assert (c.traffic > 0).all()
+
+
+# -- fp8_blockscale's own features (kernels/fp8_blockscale/features.py) --------------------------
+def test_fp8_blockscale_pow2_features_known_answers():
+    """log2 of the largest power of two dividing N and K, on every candidate row of a problem and
+    in the training path: 7168 = 7 * 2^10, 12288 = 3 * 2^12, 2880 = 45 * 2^6, odd -> 0."""
+    from gemm_costmodel.kernels.fp8_blockscale import features as BF
+
+    np.testing.assert_array_equal(BF.pow2_part([7168, 12288, 2880, 4096, 4097, 1]), [10, 12, 6, 12, 0, 0])
+    names = F.feature_names("fp8_blockscale")
+    assert names[-2:] == ("log2_n_pow2", "log2_k_pow2") and names[:-2] == F.FEATURE_NAMES
+    ct = candidate_table("sm90", "fp8", "fp8_blockscale")
+    fz = F.CandidateFeatures(ct.params, ct.variant_code, "fp8", H100, "fp8_blockscale")
+    for (m, n, k), want in (((1, 12288, 7168), (12, 10)), ((7, 333, 4096), (0, 12)), ((4097, 576, 1536), (6, 9))):
+        idx = np.flatnonzero(ct.feasible_mask(m, n, k))
+        got = fz.matrix(idx, m, n, k)[:, -2:]
+        np.testing.assert_array_equal(got, np.tile(np.float32(want), (len(idx), 1)))
+
+
+@pytest.mark.parametrize("bad", [0, -4, 6.5])
+def test_fp8_blockscale_pow2_part_rejects_non_positive_integers(bad):
+    from gemm_costmodel.kernels.fp8_blockscale import features as BF
+
+    with pytest.raises(ValueError, match="positive integers"):
+        BF.pow2_part([bad])
+
+
+def test_fp8_blockscale_schema_hash_covers_its_features(monkeypatch):
+    """A model trained before the features existed is refused: the op's hash changes with them,
+    and the dense op's does not."""
+    from gemm_costmodel import registry
+
+    dense, now = F.schema_hash("gemm"), F.schema_hash("fp8_blockscale")
+    spec = registry.REGISTRY["fp8_blockscale"]
+    monkeypatch.setitem(registry.REGISTRY, "fp8_blockscale",
+                        dataclasses.replace(spec, features="", extra_features=()))
+    assert F.schema_hash("fp8_blockscale") != now
+    assert F.schema_hash("gemm") == dense

@@ -1,0 +1,108 @@
+"""Exploration (kept as a record; not in the package): a fast leave-one-family-out loop over the
+fp8_blockscale M = 1 problems alone, for screening feature ideas for the M = 1 GEMV picks.
+
+A rank model (the op's shipped hyperparameters: 300 trees, depth 8, eta 0.1, 1% grades, evaluation
+shapes weighted 6) is trained on the M = 1 rows of each fold's training families only and picks
+on the fold's held-out M = 1 evaluation shapes (37 in all). One variant and seed take about 40 s on
+two cores, against about 7 minutes for the whole op's CV, so an idea is screened over several
+seeds before a full CV (cv_variants.py) measures it on every M. Features are the op's registered
+ones plus optional extras:
+
+- ``gemv``: the GEMV's own work decomposition (programs, K steps, accumulators per thread, a
+  register-bound occupancy, waves, bytes in flight, waves x K steps; as the MoE op's);
+- ``tail``: the last wave's fill;
+- ``pow2``: the power-of-two parts of N and K (now the op's registered features, so this extra
+  only matters on a checkout from before them).
+
+    python benchmarks/explore/fp8bs_m1_loop.py --variants '{"base": {}, "gemv": {"_extra": ["gemv"]}}' --seeds 0,1,2
+
+Screened this way (M = 1 within 2% of 37, seeds 0-4; models/NOTES.md, "Power-of-two features"):
+shipped features 26 / 25 / 24 / 27 / 25; + pow2 28 / 29 / 24 / 27 / 29; + gemv (seeds 0-1) 23 / 24;
++ pow2, gemv and tail 26 / 27 / 26 / 25 / 27.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import pandas as pd
+
+
+def _pow2_part(x) -> np.ndarray:
+    v = np.asarray(x).astype(np.int64)
+    return np.log2((v & -v).astype(np.float64))
+
+
+def extra(t: pd.DataFrame, kinds) -> np.ndarray:
+    cols = []
+    g = (t["variant"].astype(str) == "gemv").to_numpy().astype(float)
+    n, k = t["n"].to_numpy(float), t["k"].to_numpy(float)
+    bn, bk, w = t["block_n"].to_numpy(float), t["block_k"].to_numpy(float), t["num_warps"].to_numpy(float)
+    progs, steps, acc = np.ceil(n / bn), np.ceil(k / bk), bn * bk / (32 * w)
+    regs = np.minimum(255.0, 2 * acc + bk / (32 * w) + 32)
+    occ = np.clip(np.floor(65536 / (32 * w * regs)), 1, np.floor(64 / w))
+    waves = progs / (132 * occ)
+    if "gemv" in kinds:
+        cols += [np.log2(progs) * g, steps * g, acc * g, occ * g, waves * g,
+                 np.log2(np.minimum(occ, np.ceil(progs / 132)) * bn * bk / 1024) * g, np.ceil(waves) * steps * g]
+    if "pow2" in kinds:
+        cols += [_pow2_part(t["n"].to_numpy()), _pow2_part(t["k"].to_numpy())]
+    if "tail" in kinds:
+        cols += [(waves - np.floor(waves)) * g, (np.ceil(waves) - waves) * g]
+    return np.stack(cols, 1) if cols else np.zeros((len(t), 0))
+
+
+def main():
+    import xgboost as xgb
+
+    from gemm_costmodel.learning import evaluate, pipeline
+    from gemm_costmodel.learning.model import shape_ids, targets, training_rows
+    from gemm_costmodel.serving import features as F
+    from gemm_costmodel.serving import hardware
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variants", default='{"base": {}}',
+                    help="JSON {name: params}: xgboost params, plus _extra (list), _ew (evaluation weight), "
+                         "_step (rank grade step), _rounds")
+    ap.add_argument("--seeds", default="0")
+    ap.add_argument("--out", default=None, help="folder for per-shape CSVs (name_sSEED.csv)")
+    args = ap.parse_args()
+    df = pipeline.load_training_frame(None, op="fp8_blockscale")
+    df = df[df["m"] == 1]
+    folds = evaluate.family_folds(df)
+
+    def feats(t, params):
+        return np.hstack([F.from_frame(t, hardware.spec_for), extra(t, params.get("_extra", []))]).astype(np.float32)
+
+    for name, params in json.loads(args.variants).items():
+        for seed in (int(s) for s in args.seeds.split(",")):
+            tot, det = [], []
+            for fold in folds:
+                rows = training_rows(fold.train)
+                rows = rows.assign(_sid=shape_ids(rows)).sort_values("_sid", kind="stable")
+                dm = xgb.DMatrix(feats(rows, params), label=targets(rows, "rank", params.get("_step", 1.01)))
+                wt = np.where(rows["eval_shape"].astype(bool).to_numpy(), params.get("_ew", 6.0), 1.0)
+                dm.set_group(rows.groupby("_sid", sort=True).size().to_numpy())
+                dm.set_weight(rows.assign(_w=wt).groupby("_sid", sort=True)["_w"].max().to_numpy())
+                p = {"eta": 0.1, "max_depth": 8, "subsample": 0.8, "colsample_bytree": 0.8, "min_child_weight": 2.0,
+                     "lambda": 1.0, "max_bin": 256, "nthread": 2, "seed": seed, "tree_method": "hist",
+                     "objective": "rank:pairwise", "lambdarank_pair_method": "topk", "lambdarank_num_pair_per_sample": 8}
+                p.update({k: v for k, v in params.items() if not k.startswith("_")})
+                b = xgb.train(p, dm, num_boost_round=params.get("_rounds", 300))
+                t = fold.test.assign(score=-b.predict(xgb.DMatrix(feats(fold.test, params)), output_margin=True))
+                for (n, k), g in t.groupby(["n", "k"]):
+                    i = int(np.argmin(g["score"].to_numpy()))
+                    s = g["p50_us"].iloc[i] / g["p50_us"].min()
+                    tot.append(s)
+                    det.append((fold.name, n, k, g["candidate"].iloc[i], s))
+            tot = np.array(tot)
+            print(f"{name} seed {seed}: M = 1 within 2% {int((tot <= 1.02).sum())} of {len(tot)}, "
+                  f"geomean {np.exp(np.log(tot).mean()):.4f}, worst {tot.max():.3f}", flush=True)
+            if args.out:
+                pd.DataFrame(det, columns=["family", "n", "k", "pick", "slowdown"]).to_csv(
+                    f"{args.out}/{name}_s{seed}.csv", index=False)
+
+
+if __name__ == "__main__":
+    main()
