@@ -318,6 +318,8 @@ def test_fallback_missing_onnx_file(model_copy):
 def test_fallback_schema_hash_mismatch(model_copy):
     _edit_manifest(model_copy, feature_schema_hash="0123456789abcdef")
     _assert_one_warning(Dispatcher(gpu_name=GPU, models_dir=str(model_copy)), "feature schema hash")
+    # The warning says how to get a model of the current features.
+    _assert_one_warning(Dispatcher(gpu_name=GPU, models_dir=str(model_copy)), "retrain: costmodel run --op gemm")
 
 
 def test_fallback_unknown_gpu_is_the_vendor_library(model_dir, monkeypatch):

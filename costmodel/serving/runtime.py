@@ -356,8 +356,11 @@ def find_models(models_dir: str, op: str, dtype: str, arch: str,
             reasons.append(f"{name} is for arch {man.get('arch')}, this GPU is {arch}")
             continue
         if man.get("feature_schema_hash") != F.schema_hash(op):
+            # The features changed since the model was trained (e.g. an op gained features of its
+            # own): scoring would feed it columns it never saw, so say how to get a valid one.
             reasons.append(f"{name}: feature schema hash {man.get('feature_schema_hash')} != "
-                           f"this code's {F.schema_hash(op)}")
+                           f"this code's {F.schema_hash(op)} (trained with other features; retrain: "
+                           f"costmodel run --op {op})")
             continue
         # A model trained before the config space changed has never seen the new candidates
         # (the GEMV variant came with a new variant code, not new features): it would rank them
