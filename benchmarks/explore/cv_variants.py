@@ -91,5 +91,18 @@ def main():
     print((summary(res) if args.op == "moe" else summary_m(res)).to_string(index=False, float_format=lambda x: f"{x:.4f}"))
 
 
+def main_with_features(op: str, features: str, extra_features) -> None:
+    """main() for ``op`` with its own feature module replaced by ``features`` (an importable module
+    name, e.g. an exploration script beside this one) whose NAMES are ``extra_features``: the entry
+    point of the feature-module explorations. The arguments are main()'s, with --op fixed."""
+    import dataclasses
+    import sys
+
+    registry.REGISTRY[op] = dataclasses.replace(registry.REGISTRY[op], features=features,
+                                                extra_features=tuple(extra_features))
+    sys.argv = [sys.argv[0], "--op", op, *sys.argv[1:]]
+    main()
+
+
 if __name__ == "__main__":
     main()

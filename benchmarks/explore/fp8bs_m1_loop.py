@@ -30,11 +30,6 @@ import numpy as np
 import pandas as pd
 
 
-def _pow2_part(x) -> np.ndarray:
-    v = np.asarray(x).astype(np.int64)
-    return np.log2((v & -v).astype(np.float64))
-
-
 def extra(t: pd.DataFrame, kinds) -> np.ndarray:
     cols = []
     g = (t["variant"].astype(str) == "gemv").to_numpy().astype(float)
@@ -48,7 +43,9 @@ def extra(t: pd.DataFrame, kinds) -> np.ndarray:
         cols += [np.log2(progs) * g, steps * g, acc * g, occ * g, waves * g,
                  np.log2(np.minimum(occ, np.ceil(progs / 132)) * bn * bk / 1024) * g, np.ceil(waves) * steps * g]
     if "pow2" in kinds:
-        cols += [_pow2_part(t["n"].to_numpy()), _pow2_part(t["k"].to_numpy())]
+        from gemm_costmodel.kernels.fp8_blockscale.features import pow2_part
+
+        cols += [pow2_part(t["n"].to_numpy()), pow2_part(t["k"].to_numpy())]
     if "tail" in kinds:
         cols += [(waves - np.floor(waves)) * g, (np.ceil(waves) - waves) * g]
     return np.stack(cols, 1) if cols else np.zeros((len(t), 0))

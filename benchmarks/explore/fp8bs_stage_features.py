@@ -14,21 +14,12 @@ pick and the oracle differ in stages or tile width. Features:
 """
 from __future__ import annotations
 
-import dataclasses
-import sys
-
 import numpy as np
 
-INPUTS: tuple[str, ...] = ()
+# No inputs beyond the shared base columns, as the op's shipped module.
+from gemm_costmodel.kernels.fp8_blockscale.features import INPUTS, frame_inputs, problem_inputs  # noqa: F401
+
 NAMES = ("stage_fill", "log2_stages_over_k")
-
-
-def frame_inputs(df) -> dict:
-    return {}
-
-
-def problem_inputs(m, e, top_k, block_m=None, **_) -> dict:
-    return {}
 
 
 def compute(ctx, x: dict) -> np.ndarray:
@@ -40,11 +31,6 @@ def compute(ctx, x: dict) -> np.ndarray:
 
 
 if __name__ == "__main__":
-    from gemm_costmodel import registry
-
-    registry.REGISTRY["fp8_blockscale"] = dataclasses.replace(registry.REGISTRY["fp8_blockscale"],
-                                                              features="fp8bs_stage_features")
     import cv_variants
 
-    sys.argv = [sys.argv[0], "--op", "fp8_blockscale", *sys.argv[1:]]
-    cv_variants.main()
+    cv_variants.main_with_features("fp8_blockscale", "fp8bs_stage_features", NAMES)

@@ -10,9 +10,6 @@ the second for the M > 1 misses at K of 128-512.
 """
 from __future__ import annotations
 
-import dataclasses
-import sys
-
 import numpy as np
 
 import fp8bs_stage_features as S
@@ -29,12 +26,6 @@ def compute(ctx, x: dict) -> np.ndarray:
 
 
 if __name__ == "__main__":
-    from gemm_costmodel import registry
-
-    spec = registry.REGISTRY["fp8_blockscale"]
-    registry.REGISTRY["fp8_blockscale"] = dataclasses.replace(spec, features="fp8bs_stage_pow2_features",
-                                                              extra_features=NAMES)
     import cv_variants
 
-    sys.argv = [sys.argv[0], "--op", "fp8_blockscale", *sys.argv[1:]]
-    cv_variants.main()
+    cv_variants.main_with_features("fp8_blockscale", "fp8bs_stage_pow2_features", NAMES)

@@ -11,9 +11,6 @@ config follows whether N and K are powers of two); the MoE misses are M = 1 GEMV
 """
 from __future__ import annotations
 
-import dataclasses
-import sys
-
 import numpy as np
 
 from gemm_costmodel.kernels.fp8_blockscale.features import NAMES as POW2_NAMES
@@ -31,12 +28,6 @@ def compute(ctx, x: dict) -> np.ndarray:
 
 
 if __name__ == "__main__":
-    from gemm_costmodel import registry
-
-    spec = registry.REGISTRY["moe"]
-    registry.REGISTRY["moe"] = dataclasses.replace(spec, features="moe_pow2_features",
-                                                   extra_features=spec.extra_features + POW2_NAMES)
     import cv_variants
 
-    sys.argv = [sys.argv[0], "--op", "moe", *sys.argv[1:]]
-    cv_variants.main()
+    cv_variants.main_with_features("moe", "moe_pow2_features", NAMES)
