@@ -265,3 +265,32 @@ def test_report_without_vllms_files(moe_op, tmp_path, monkeypatch):
     md = B.report_section(res)
     assert "No vLLM-tuned results" in md and "### Per layer" in md
     assert "vLLM tuned vs oracle" not in md
+
+
+def test_acceptance_groups_split_held_out_families_by_routing_and_dtype():
+    # Issue 17's targets are per routing class; with two dtypes each dtype gets its own group too,
+    # so one dtype's worst case is visible on its own. Hand-built layer frame: 2 held-out rows per
+    # (dtype, routing class) and one training-family row.
+    frame = pd.DataFrame({
+        "dtype": ["bf16", "bf16", "bf16", "fp8", "fp8", "fp8", "bf16"],
+        "routing": ["balanced", "zipf", "balanced", "balanced", "hot2", "balanced", "balanced"],
+        "family": ["gpt-oss-20b", "gpt-oss-20b", "phi-3.5-moe", "gpt-oss-20b", "deepseek-v2", "deepseek-v2",
+                   "mixtral-8x7b"],
+        "m": [1, 1, 16, 1, 1024, 64, 1],
+        "model_us": [1.10, 1.0, 1.0, 1.05, 1.0, 1.0, 1.0],
+        "oracle_us": [1.0] * 7,
+    })
+    groups = dict(B._groups(frame, by_stage=False))
+    assert groups["held-out, balanced"].tolist() == [True, False, True, True, False, True, False]
+    assert groups["held-out, balanced, bf16"].tolist() == [True, False, True, False, False, False, False]
+    assert groups["held-out, skewed, bf16"].tolist() == [False, True, False, False, False, False, False]
+    assert groups["held-out, balanced, fp8"].tolist() == [False, False, False, True, False, True, False]
+    assert groups["held-out, skewed, fp8"].tolist() == [False, False, False, False, True, False, False]
+    assert groups["training families (vLLM-tuned E, N)"].tolist() == [False] * 6 + [True]
+    rows = {r["shapes"]: r for r in B._summary(frame, B._groups(frame, by_stage=False), "oracle_us")}
+    assert rows["held-out, balanced, bf16"]["model worst vs oracle"] == pytest.approx(1.10)
+    assert rows["held-out, balanced, bf16"]["model vs oracle"] == pytest.approx(math.sqrt(1.10))
+    assert rows["held-out, balanced, fp8"]["model worst vs oracle"] == pytest.approx(1.05)
+    # One dtype: no per-dtype groups (they would repeat the routing groups).
+    one = dict(B._groups(frame[frame["dtype"] == "bf16"], by_stage=False))
+    assert not any(label.endswith(", bf16") for label in one)

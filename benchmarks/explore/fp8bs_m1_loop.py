@@ -12,7 +12,10 @@ ones plus optional extras:
   register-bound occupancy, waves, bytes in flight, waves x K steps; as the MoE op's);
 - ``tail``: the last wave's fill;
 - ``pow2``: the power-of-two parts of N and K (now the op's registered features, so this extra
-  only matters on a checkout from before them).
+  only matters on a checkout from before them);
+- ``odd``: log2 of the odd parts of N and K (N / 2^pow2(N): what tells K = 7168 from 5120 beside
+  log2 K);
+- ``stride``: the power of two and odd part of a GEMV program's row stride, block_n x K bytes.
 
     python benchmarks/explore/fp8bs_m1_loop.py --variants '{"base": {}, "gemv": {"_extra": ["gemv"]}}' --seeds 0,1,2
 
@@ -20,6 +23,8 @@ Screened this way (M = 1 within 2% of 37, seeds 0-4; models/NOTES.md, "Power-of-
 shipped features 26 / 25 / 24 / 27 / 25; + pow2 28 / 29 / 24 / 27 / 29; + gemv (seeds 0-1) 23 / 24;
 + pow2, gemv and tail 26 / 27 / 26 / 25 / 27. With pow2 registered (seeds 0-2): 32 pairs per document 25 / 27 / 25;
 `mean` pair sampling 17 / 21 / 22; evaluation weight 1: 26 / 29 / 28; 2% rank grades 29 / 27 / 28.
+With pow2 registered, seeds 0-4 (shipped: 28 / 29 / 24 / 27 / 29, mean 27.4): + odd 27 / 26 / 26 / 29 / 25
+(26.6); + stride 25 / 27 / 26 / 26 / 28 (26.4). Neither is kept.
 """
 from __future__ import annotations
 
@@ -46,6 +51,18 @@ def extra(t: pd.DataFrame, kinds) -> np.ndarray:
         from gemm_costmodel.kernels.fp8_blockscale.features import pow2_part
 
         cols += [pow2_part(t["n"].to_numpy()), pow2_part(t["k"].to_numpy())]
+    if "odd" in kinds:
+        from gemm_costmodel.kernels.fp8_blockscale.features import pow2_part
+
+        nn, kk = t["n"].to_numpy(), t["k"].to_numpy()
+        cols += [np.log2(nn / 2.0 ** pow2_part(nn)), np.log2(kk / 2.0 ** pow2_part(kk))]
+    if "stride" in kinds:
+        from gemm_costmodel.kernels.fp8_blockscale.features import pow2_part
+
+        # A program's rows start block_n * K bytes apart: that stride's power of two and odd part.
+        st = (np.where(g > 0, bn, 1) * k).astype(np.int64)
+        p2 = pow2_part(st)
+        cols += [p2 * g, np.log2(st / 2.0 ** p2) * g]
     if "tail" in kinds:
         cols += [(waves - np.floor(waves)) * g, (np.ceil(waves) - waves) * g]
     return np.stack(cols, 1) if cols else np.zeros((len(t), 0))

@@ -295,7 +295,14 @@ def _groups(frame, by_stage: bool) -> list:
         # vLLM-tuned (E, N) (each fold holds the shape's whole family out).
         held = frame["family"].astype(str).isin(HELDOUT_FAMILIES).to_numpy()
         out += [("held-out families", held), ("held-out, balanced", held & (rc == "balanced")),
-                ("held-out, skewed", held & (rc == "skewed")), ("training families (vLLM-tuned E, N)", ~held)]
+                ("held-out, skewed", held & (rc == "skewed"))]
+        # Issue 17's targets hold per dtype too: each dtype is its own model input and its own
+        # vLLM file, so a dtype's worst case must not hide behind the other's.
+        if "dtype" in frame.columns and frame["dtype"].nunique() > 1:
+            dt = frame["dtype"].astype(str).to_numpy()
+            out += [(f"held-out, {r}, {d}", held & (rc == r) & (dt == d))
+                    for d in sorted(set(dt)) for r in ("balanced", "skewed")]
+        out += [("training families (vLLM-tuned E, N)", ~held)]
     if by_stage:
         out += [(f"stage {s}", (frame["stage"] == s).to_numpy()) for s in space.STAGES]
     out += [(f"routing {c}", rc == c) for c in ("balanced", "skewed")]
