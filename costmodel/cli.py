@@ -475,6 +475,13 @@ def cmd_select(args) -> int:
     for i, c in enumerate(choices, 1):
         lat = f"{c.predicted_us:.2f} us" if c.predicted_us is not None else "-"
         print(f"{i}. {c.candidate}  (source {c.source}, predicted {lat})")
+    # The order is the ranking model's; "predicted" comes from the latency companion, a separate
+    # regression that is less exact between near-ties (GEMV configs 1-5% apart). Without this
+    # note a user reads rank 2 "predicted faster" than rank 1 as a dispatcher bug.
+    lats = [c.predicted_us for c in choices]
+    if len(lats) > 1 and None not in lats and any(b < a for a, b in zip(lats, lats[1:])):
+        print("note: the order is the ranking model's; 'predicted' is a separate latency estimate, "
+              "less exact between near-ties, and orders some of these differently", file=sys.stderr)
     return 0
 
 

@@ -239,6 +239,26 @@ def test_select_prints_the_shipped_models_top_k(capsys):
     assert len(lines) == 3 and lines[0].startswith("1. ") and "source model" in lines[0]
 
 
+def test_select_notes_when_the_latency_estimates_disagree_with_the_order(capsys, monkeypatch):
+    from gemm_costmodel.serving.runtime import Choice, Dispatcher
+
+    ranked = [Choice("a", "model", 36.5), Choice("b", "model", 34.2), Choice("c", "model", 40.0)]
+    monkeypatch.setattr(Dispatcher, "rank", lambda self, *a, **k: ranked)
+    assert cli_main(["select", "1", "12288", "7168", "--top", "3"]) == 0
+    out = capsys.readouterr()
+    assert out.out.strip().splitlines() == ["1. a  (source model, predicted 36.50 us)",
+                                            "2. b  (source model, predicted 34.20 us)",
+                                            "3. c  (source model, predicted 40.00 us)"]
+    assert "separate latency estimate" in out.err
+    # In order (or without estimates): no note.
+    ranked[:] = [Choice("a", "model", 30.0), Choice("b", "model", 30.0), Choice("c", "model", None)]
+    assert cli_main(["select", "1", "12288", "7168", "--top", "3"]) == 0
+    assert "note:" not in capsys.readouterr().err
+    ranked[:] = [Choice("a", "model", 30.0), Choice("b", "model", 31.0)]
+    assert cli_main(["select", "1", "12288", "7168", "--top", "2"]) == 0
+    assert "note:" not in capsys.readouterr().err
+
+
 def test_select_bad_dim_exits_2(capsys):
     assert cli_main(["select", "0", "4096", "4096"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
