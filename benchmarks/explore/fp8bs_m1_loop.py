@@ -24,7 +24,9 @@ shipped features 26 / 25 / 24 / 27 / 25; + pow2 28 / 29 / 24 / 27 / 29; + gemv (
 + pow2, gemv and tail 26 / 27 / 26 / 25 / 27. With pow2 registered (seeds 0-2): 32 pairs per document 25 / 27 / 25;
 `mean` pair sampling 17 / 21 / 22; evaluation weight 1: 26 / 29 / 28; 2% rank grades 29 / 27 / 28.
 With pow2 registered, seeds 0-4 (shipped: 28 / 29 / 24 / 27 / 29, mean 27.4): + odd 27 / 26 / 26 / 29 / 25
-(26.6); + stride 25 / 27 / 26 / 26 / 28 (26.4). Neither is kept.
+(26.6); + stride 25 / 27 / 26 / 26 / 28 (26.4). Neither is kept. Simpler trees for M = 1 (same seeds):
+depth 4 27 / 27 / 26 / 25 / 26 (26.2), depth 6 25 / 25 / 25 / 24 / 25 (24.8), min_child_weight 8
+24 / 26 / 26 / 25 / 26 (25.4): none beats depth 8.
 """
 from __future__ import annotations
 
