@@ -72,50 +72,28 @@ def knn_features(rows: pd.DataFrame, weights, tab, count: int, exclude_self: boo
 
 
 def main():
-    import xgboost as xgb
-
-    from gemm_costmodel.learning import evaluate, pipeline
-    from gemm_costmodel.learning.model import shape_ids, targets, training_rows
-    from gemm_costmodel.serving import features as F
-    from gemm_costmodel.serving import hardware
+    import fp8bs_m1_loop as loop
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--neighbours", type=int, default=2)
-    ap.add_argument("--variants", default="base,knn")
+    ap.add_argument("--variants", default="base,knn", help="base, knn (other weights), knnfam (other families)")
     args = ap.parse_args()
-    df = pipeline.load_training_frame(None, op="fp8_blockscale")
-    df = df[df["m"] == 1]
-    folds = evaluate.family_folds(df)
+    folds = loop.m1_folds()
+    tables = {}  # per fold: its training and test rows share one neighbour table
     for name in args.variants.split(","):
+        def feats(t, fold, train, name=name):
+            x = loop.base_features(t)
+            if name == "base":
+                return x
+            if fold.name not in tables:
+                tables[fold.name] = neighbour_table(loop.training_rows_of(fold))
+            weights, tab, fams = tables[fold.name]
+            own = fams if name == "knnfam" and train else None
+            return np.hstack([x, knn_features(t, weights, tab, args.neighbours, train, own)])
+
         for seed in (int(s) for s in args.seeds.split(",")):
-            tot = []
-            for fold in folds:
-                rows = training_rows(fold.train)
-                rows = rows.assign(_sid=shape_ids(rows)).sort_values("_sid", kind="stable")
-                Xtr = F.from_frame(rows, hardware.spec_for)
-                Xte = F.from_frame(fold.test, hardware.spec_for)
-                if name in ("knn", "knnfam"):
-                    weights, tab, fams = neighbour_table(rows)
-                    own = fams if name == "knnfam" else None
-                    Xtr = np.hstack([Xtr, knn_features(rows, weights, tab, args.neighbours, True, own)])
-                    Xte = np.hstack([Xte, knn_features(fold.test, weights, tab, args.neighbours, False)])
-                dm = xgb.DMatrix(Xtr.astype(np.float32), label=targets(rows, "rank", 1.01))
-                wt = np.where(rows["eval_shape"].astype(bool).to_numpy(), 6.0, 1.0)
-                dm.set_group(rows.groupby("_sid", sort=True).size().to_numpy())
-                dm.set_weight(rows.assign(_w=wt).groupby("_sid", sort=True)["_w"].max().to_numpy())
-                p = {"eta": 0.1, "max_depth": 8, "subsample": 0.8, "colsample_bytree": 0.8, "min_child_weight": 2.0,
-                     "lambda": 1.0, "max_bin": 256, "nthread": 2, "seed": seed, "tree_method": "hist",
-                     "objective": "rank:pairwise", "lambdarank_pair_method": "topk",
-                     "lambdarank_num_pair_per_sample": 8}
-                b = xgb.train(p, dm, num_boost_round=300)
-                t = fold.test.assign(score=-b.predict(xgb.DMatrix(Xte.astype(np.float32)), output_margin=True))
-                for _, g in t.groupby(["n", "k"]):
-                    i = int(np.argmin(g["score"].to_numpy()))
-                    tot.append(g["p50_us"].iloc[i] / g["p50_us"].min())
-            tot = np.array(tot)
-            print(f"{name} seed {seed}: M = 1 within 2% {int((tot <= 1.02).sum())} of {len(tot)}, "
-                  f"geomean {np.exp(np.log(tot).mean()):.4f}, worst {tot.max():.3f}", flush=True)
+            loop.report(name, seed, loop.run_folds(folds, seed, feats)[0])
 
 
 if __name__ == "__main__":

@@ -70,14 +70,69 @@ def extra(t: pd.DataFrame, kinds) -> np.ndarray:
     return np.stack(cols, 1) if cols else np.zeros((len(t), 0))
 
 
-def main():
+def m1_folds():
+    """The family folds of the op's M = 1 rows."""
+    from gemm_costmodel.learning import evaluate, pipeline
+
+    df = pipeline.load_training_frame(None, op="fp8_blockscale")
+    return evaluate.family_folds(df[df["m"] == 1])
+
+
+def training_rows_of(fold) -> pd.DataFrame:
+    """The fold's rows a model learns from (timed ok and stable)."""
+    from gemm_costmodel.learning.model import training_rows
+
+    return training_rows(fold.train)
+
+
+def run_folds(folds, seed: int, feats, params: dict | None = None) -> tuple[np.ndarray, list]:
+    """Train on each fold's M = 1 training rows and pick on its held-out shapes: (slowdowns,
+    [(family, n, k, pick, slowdown)]). ``feats(rows, fold, train)``: the float feature matrix of rows
+    (training rows with train=True, the fold's test rows with False). ``params``: xgboost params
+    over the shipped ones, plus _ew (evaluation weight), _step (rank grade step), _rounds."""
     import xgboost as xgb
 
-    from gemm_costmodel.learning import evaluate, pipeline
-    from gemm_costmodel.learning.model import shape_ids, targets, training_rows
+    from gemm_costmodel.learning.model import shape_ids, targets
+
+    params = params or {}
+    tot, det = [], []
+    for fold in folds:
+        rows = training_rows_of(fold)
+        rows = rows.assign(_sid=shape_ids(rows)).sort_values("_sid", kind="stable")
+        dm = xgb.DMatrix(np.asarray(feats(rows, fold, True), dtype=np.float32),
+                         label=targets(rows, "rank", params.get("_step", 1.01)))
+        wt = np.where(rows["eval_shape"].astype(bool).to_numpy(), params.get("_ew", 6.0), 1.0)
+        dm.set_group(rows.groupby("_sid", sort=True).size().to_numpy())
+        dm.set_weight(rows.assign(_w=wt).groupby("_sid", sort=True)["_w"].max().to_numpy())
+        p = {"eta": 0.1, "max_depth": 8, "subsample": 0.8, "colsample_bytree": 0.8, "min_child_weight": 2.0,
+             "lambda": 1.0, "max_bin": 256, "nthread": 2, "seed": seed, "tree_method": "hist",
+             "objective": "rank:pairwise", "lambdarank_pair_method": "topk", "lambdarank_num_pair_per_sample": 8}
+        p.update({k: v for k, v in params.items() if not k.startswith("_")})
+        b = xgb.train(p, dm, num_boost_round=params.get("_rounds", 300))
+        x_test = np.asarray(feats(fold.test, fold, False), dtype=np.float32)
+        t = fold.test.assign(score=-b.predict(xgb.DMatrix(x_test), output_margin=True))
+        for (n, k), g in t.groupby(["n", "k"]):
+            i = int(np.argmin(g["score"].to_numpy()))
+            s = g["p50_us"].iloc[i] / g["p50_us"].min()
+            tot.append(s)
+            det.append((fold.name, n, k, g["candidate"].iloc[i], s))
+    return np.array(tot), det
+
+
+def report(name: str, seed: int, tot: np.ndarray) -> None:
+    print(f"{name} seed {seed}: M = 1 within 2% {int((tot <= 1.02).sum())} of {len(tot)}, "
+          f"geomean {np.exp(np.log(tot).mean()):.4f}, worst {tot.max():.3f}", flush=True)
+
+
+def base_features(t: pd.DataFrame) -> np.ndarray:
+    """The op's registered features of a frame."""
     from gemm_costmodel.serving import features as F
     from gemm_costmodel.serving import hardware
 
+    return F.from_frame(t, hardware.spec_for)
+
+
+def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", default='{"base": {}}',
                     help="JSON {name: params}: xgboost params, plus _extra (list), _ew (evaluation weight), "
@@ -85,37 +140,14 @@ def main():
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--out", default=None, help="folder for per-shape CSVs (name_sSEED.csv)")
     args = ap.parse_args()
-    df = pipeline.load_training_frame(None, op="fp8_blockscale")
-    df = df[df["m"] == 1]
-    folds = evaluate.family_folds(df)
-
-    def feats(t, params):
-        return np.hstack([F.from_frame(t, hardware.spec_for), extra(t, params.get("_extra", []))]).astype(np.float32)
-
+    folds = m1_folds()
     for name, params in json.loads(args.variants).items():
+        def feats(t, fold, train, kinds=params.get("_extra", [])):
+            return np.hstack([base_features(t), extra(t, kinds)])
+
         for seed in (int(s) for s in args.seeds.split(",")):
-            tot, det = [], []
-            for fold in folds:
-                rows = training_rows(fold.train)
-                rows = rows.assign(_sid=shape_ids(rows)).sort_values("_sid", kind="stable")
-                dm = xgb.DMatrix(feats(rows, params), label=targets(rows, "rank", params.get("_step", 1.01)))
-                wt = np.where(rows["eval_shape"].astype(bool).to_numpy(), params.get("_ew", 6.0), 1.0)
-                dm.set_group(rows.groupby("_sid", sort=True).size().to_numpy())
-                dm.set_weight(rows.assign(_w=wt).groupby("_sid", sort=True)["_w"].max().to_numpy())
-                p = {"eta": 0.1, "max_depth": 8, "subsample": 0.8, "colsample_bytree": 0.8, "min_child_weight": 2.0,
-                     "lambda": 1.0, "max_bin": 256, "nthread": 2, "seed": seed, "tree_method": "hist",
-                     "objective": "rank:pairwise", "lambdarank_pair_method": "topk", "lambdarank_num_pair_per_sample": 8}
-                p.update({k: v for k, v in params.items() if not k.startswith("_")})
-                b = xgb.train(p, dm, num_boost_round=params.get("_rounds", 300))
-                t = fold.test.assign(score=-b.predict(xgb.DMatrix(feats(fold.test, params)), output_margin=True))
-                for (n, k), g in t.groupby(["n", "k"]):
-                    i = int(np.argmin(g["score"].to_numpy()))
-                    s = g["p50_us"].iloc[i] / g["p50_us"].min()
-                    tot.append(s)
-                    det.append((fold.name, n, k, g["candidate"].iloc[i], s))
-            tot = np.array(tot)
-            print(f"{name} seed {seed}: M = 1 within 2% {int((tot <= 1.02).sum())} of {len(tot)}, "
-                  f"geomean {np.exp(np.log(tot).mean()):.4f}, worst {tot.max():.3f}", flush=True)
+            tot, det = run_folds(folds, seed, feats, params)
+            report(name, seed, tot)
             if args.out:
                 pd.DataFrame(det, columns=["family", "n", "k", "pick", "slowdown"]).to_csv(
                     f"{args.out}/{name}_s{seed}.csv", index=False)

@@ -15,7 +15,7 @@ import numpy as np
 import fp8bs_stage_features as S
 from gemm_costmodel.kernels.fp8_blockscale import features as P
 
-INPUTS: tuple[str, ...] = ()
+INPUTS = P.INPUTS
 NAMES = P.NAMES + S.NAMES
 frame_inputs = P.frame_inputs
 problem_inputs = P.problem_inputs
