@@ -283,7 +283,8 @@ def _train_config(args):
                        rank_step=pick("rank_step", "rank_step"),
                        decode_weight=pick("decode_weight", "decode_weight"),
                        decode_max_m=pick("decode_max_m", "decode_max_m"),
-                       split_m=pick("split_m", "split_m"))
+                       split_m=pick("split_m", "split_m"),
+                       split_high_rows=pick("split_high_rows", "split_high_rows"))
 
 
 def _load_frame(args):
@@ -572,7 +573,11 @@ def _model_args(p, report: bool = False, train: bool = False) -> None:
     p.add_argument("--split-m", type=int, default=None,
                    help="queries with M <= this get trees of their own, joined with the rest under a root "
                         "split on M (0: one model for every M; default: the op's registry value: gemm 2, "
-                        "moe 4, fp8_blockscale 0)")
+                        "moe 4, fp8_blockscale 1)")
+    p.add_argument("--split-high-rows", choices=("high", "all"), default=None,
+                   help="with --split-m: the queries the M > split-m trees are fitted on, their own ('high') "
+                        "or every query ('all'); the M <= split-m trees always fit their own (default: the "
+                        "op's registry value: fp8_blockscale all, else high)")
     p.add_argument("--jobs", type=int, default=2, help="xgboost threads")
     p.add_argument("--seed", type=int, default=0)
     if report:

@@ -405,6 +405,25 @@ def test_split_m_scores_each_side_with_the_model_fitted_on_that_side_alone(fp8, 
     np.testing.assert_allclose(got, margin, rtol=0, atol=1e-4 * max(1.0, np.abs(margin).max()))
 
 
+def test_split_high_rows_all_fits_the_high_side_on_every_query(fp8):
+    """split_high_rows="all": rows with M <= 2 score as a model fitted on the M <= 2 queries alone,
+    the others as the model fitted on every query (the unsplit model), to fp32 rounding."""
+    cfg = SMALL.with_(formulation="rank", n_estimators=6)
+    low = fp8["m"] <= 2
+    split = CostModel(cfg.with_(split_m=2, split_high_rows="all")).fit(fp8)
+    lo, whole = CostModel(cfg).fit(fp8[low]), CostModel(cfg).fit(fp8)
+    rows = pd.concat([fp8[low].head(100), fp8[~low].head(100)])
+    rows = pd.concat([rows, rows.head(3).assign(m=3), rows.head(3).assign(m=1)])
+    X_ = F.from_frame(rows, hardware.spec_for)
+    want = np.where(rows["m"].to_numpy() <= 2, lo.score(X_), whole.score(X_))
+    np.testing.assert_allclose(split.score(X_), want, rtol=0, atol=1e-4 * max(1.0, np.abs(want).max()))
+    # The default fits the high side on its own queries: a different model there.
+    hi = rows["m"].to_numpy() > 2
+    assert not np.allclose(CostModel(cfg.with_(split_m=2)).fit(fp8).score(X_)[hi], whole.score(X_)[hi])
+    with pytest.raises(ValueError, match="split_high_rows must be one of high, all"):
+        SMALL.with_(split_high_rows="low")
+
+
 def test_split_m_with_one_side_empty_is_one_model(fp8):
     cfg = SMALL.with_(formulation="rank", n_estimators=4)
     high = fp8[fp8["m"] > 2]
@@ -428,11 +447,15 @@ def test_gate_trees_rejects_categorical_splits():
 def test_cli_split_m_from_the_op_then_the_command_line():
     from gemm_costmodel.cli import _train_config, build_parser
 
-    # The dense op splits off M <= 2 and MoE M <= 4 (registry train_defaults); fp8_blockscale keeps one model.
+    # The dense op splits off M <= 2 and MoE M <= 4 (registry train_defaults); fp8_blockscale M = 1,
+    # its M > 1 trees fitted on every query.
     assert _train_config(build_parser().parse_args(["train"])).split_m == 2
     assert _train_config(build_parser().parse_args(["train", "--op", "moe"])).split_m == 4
-    assert _train_config(build_parser().parse_args(["train", "--op", "fp8_blockscale"])).split_m == 0
+    assert _train_config(build_parser().parse_args(["train", "--op", "fp8_blockscale"])).split_m == 1
+    assert _train_config(build_parser().parse_args(["train", "--op", "fp8_blockscale"])).split_high_rows == "all"
     assert _train_config(build_parser().parse_args(["train", "--split-m", "0"])).split_m == 0
+    assert _train_config(build_parser().parse_args(["train"])).split_high_rows == "high"
+    assert _train_config(build_parser().parse_args(["train", "--split-high-rows", "all"])).split_high_rows == "all"
 
 
 def test_gate_boosters_rejects_mismatched_boosters(fp8):

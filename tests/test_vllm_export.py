@@ -192,6 +192,54 @@ def test_pick_passes_over_a_gemv_pick_at_m1():
     assert V.pick(d, 1, 7168, 2048) == (S.config_from_id("bstiled_m16n64k128_g1_w4s4"), "model")
 
 
+class _SplitModel:
+    """A loaded model's manifest only: what ranking_m reads."""
+
+    path = "models/fp8_blockscale-sm90.onnx"
+
+    def __init__(self, split_m):
+        self.manifest = {"hyperparameters": {"split_m": split_m}, "onnx_sha256": "0" * 64}
+
+
+class _SplitStub(_StubDispatcher):
+    """A stub whose model has decode trees of its own for M <= split_m: it ranks a tiled config
+    that is a poor one first at those M (as such trees may: they only order the GEMVs)."""
+
+    def __init__(self, split_m):
+        super().__init__([])
+        self.split_m = split_m
+
+    def model_for(self, dtype):
+        return _SplitModel(self.split_m)
+
+    def rank(self, m, n, k, dtype, count=8):
+        self.calls.append((m, n, k, dtype, count))
+        first = "bstiled_m256n32k128_g1_w4s5" if m <= self.split_m else "bstiled_m16n64k128_g1_w8s5"
+        return [Choice(c, "model") for c in ("bsgemv_n4k1024_w4", first, "bstiled_m64n128k128_g32_w4s3")][:count]
+
+
+def test_keys_at_or_below_split_m_take_the_tiled_order_of_split_m_plus_one(tmp_path):
+    """vLLM's M = 1 key is ranked at M = 2 when the model's decode trees are M = 1's alone: below
+    BLOCK_SIZE_M 16 a tiled config runs the same programs at M = 1 and 2, and the decode trees
+    leave the tiled configs unordered. The sidecar says which keys were ranked elsewhere."""
+    d = _SplitStub(1)
+    assert [V.ranking_m(d, m) for m in (1, 2, 3, 16)] == [2, 2, 3, 16]
+    table = V.build_table(d, 3072, 5120)
+    good = S.config_from_id("bstiled_m16n64k128_g1_w8s5")
+    assert S.from_vllm(table.entries["1"]) == good and table.ranked_at == {1: 2}
+    assert all(c[0] != 1 for c in d.calls)  # M = 1 itself was never ranked
+    side = json.loads(Path(V.write_sidecar([table], d, str(tmp_path))).read_text())["files"][table.file_name]
+    assert side["m"]["1"] == {"candidate": good.id, "source": "model", "ranked_at_m": 2}
+    assert side["m"]["2"] == {"candidate": good.id, "source": "model"}
+    # split_m 4: keys 1-4 ranked at 5 (still below BLOCK_SIZE_M 16).
+    assert [V.ranking_m(_SplitStub(4), m) for m in (1, 4, 5)] == [5, 5, 5]
+    # A split at or above the smallest BLOCK_SIZE_M: the tiled programs differ, M is ranked as it is.
+    assert [V.ranking_m(_SplitStub(16), m) for m in (1, 16)] == [1, 16]
+    # No split (or no model): every key ranked at its own M.
+    assert [V.ranking_m(_SplitStub(0), m) for m in (1, 2)] == [1, 2]
+    assert V.ranking_m(_StubDispatcher([]), 1) == 1
+
+
 def test_sidecar_keeps_earlier_exports(tmp_path, models_dir, capsys):
     out = tmp_path / "o"
     for pair in ("256,7168", "512,1024"):

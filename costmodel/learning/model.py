@@ -20,6 +20,7 @@ from gemm_costmodel.serving import features as F
 from gemm_costmodel.serving import hardware
 
 FORMULATIONS = ("log_latency", "normalized", "rank")
+SPLIT_HIGH_ROWS = ("high", "all")
 SHAPE_COLS = ["gpu_name", "op", "dtype", "m", "n", "k", "e", "top_k", "stage", "routing"]
 # Grade step of the ranking labels (TrainConfig.rank_step's default): candidates within 3% of
 # each other share a grade. RANK_GRADES steps of 3% span slowdowns up to 1.03 ** 30 = 2.43x;
@@ -102,6 +103,12 @@ class TrainConfig:
     # Two boosters are trained on the two sides and joined tree by tree under a root split on
     # log2_m, so the export, the cascade and the runtime see one booster.
     split_m: int = 0
+    # The queries the high side's trees (M > split_m) are fitted on: "high" (its own only) or
+    # "all" (every query: the low side still gets trees of its own, fitted on its queries alone).
+    # "all" is for an op whose M > split_m picks learn from the decode queries: fp8_blockscale's
+    # split with its own M = 1 queries out of the high side lost 5 points of M > 1 match, while its
+    # M = 1 picks gained from trees of their own (models/NOTES.md, "M = 1 trees of their own").
+    split_high_rows: str = "high"
 
     def __post_init__(self):
         if self.formulation not in FORMULATIONS:
@@ -122,6 +129,8 @@ class TrainConfig:
             raise ValueError(f"decode_max_m must be an int >= 1, got {self.decode_max_m!r}")
         if isinstance(self.split_m, bool) or not isinstance(self.split_m, int) or self.split_m < 0:
             raise ValueError(f"split_m must be an int >= 0, got {self.split_m!r}")
+        if self.split_high_rows not in SPLIT_HIGH_ROWS:
+            raise ValueError(f"split_high_rows must be one of {', '.join(SPLIT_HIGH_ROWS)}, got {self.split_high_rows!r}")
         if not 1.0 < self.rank_step < 2.0:
             raise ValueError(f"rank_step must be in (1, 2), got {self.rank_step!r}")
         edges = self.shortlist_edges
@@ -336,7 +345,8 @@ class CostModel:
             # under a root split halfway (in log2) between split_m and split_m + 1.
             feature = names.index("log2_m")
             threshold = float(np.log2(self.config.split_m + 0.5))
-            lows, highs = self._boosters(rows[low], progress), self._boosters(rows[~low], progress)
+            high = rows if self.config.split_high_rows == "all" else rows[~low]
+            lows, highs = self._boosters(rows[low], progress), self._boosters(high, progress)
             boosters = [gate_boosters(lo, hi, feature, threshold) for lo, hi in zip(lows, highs)]
         else:
             boosters = self._boosters(rows, progress)

@@ -105,6 +105,8 @@ class VllmTable:
     gpu_name: str
     entries: dict[str, dict] = field(default_factory=dict)
     picks: dict[int, tuple[str, str]] = field(default_factory=dict)
+    # M keys whose entry came from the ranking at another M (ranking_m): {M: the M ranked}.
+    ranked_at: dict[int, int] = field(default_factory=dict)
 
     @property
     def file_name(self) -> str:
@@ -125,12 +127,40 @@ def _candidate_count(d) -> int:
     return max(len(registry.get(d.op).configs(d.space_arch, DISPATCH_DTYPE)), 1)
 
 
-def pick(d, m: int, n: int, k: int, count: int | None = None):
+def ranking_m(d, m: int) -> int:
+    """The M whose ranking gives vLLM's key M: M itself, except at or below a model's ``split_m``
+    (decode trees of their own), which are ranked at split_m + 1 when that is below the smallest
+    tiled BLOCK_SIZE_M.
+
+    Why: the decode trees are fitted on the decode queries alone, whose best candidates are GEMVs;
+    a ranker learns the order of a query's best candidates, so those trees leave the tiled configs
+    (all far behind at M = 1) in an arbitrary order among themselves: the fp8_blockscale model's
+    M = 1 key once read BLOCK_SIZE_M 256, 8x slower than the best tiled config. Below the smallest
+    BLOCK_SIZE_M every tiled config runs the same programs at any M (one tile row, the rows past M
+    masked), so the tiled order at split_m + 1, which the other trees learned from every query, is
+    the order at M. Leave-one-family-out at M = 1 (37 shapes, seeds 0-4): the best tiled config so
+    ranked is 1.015-1.022x off the best tiled, against 1.014-1.018x ranked at M = 1 by one model
+    for every M, and 1.12x by the decode trees (models/NOTES.md, "M = 1 trees of their own")."""
+    model_for = getattr(d, "model_for", None)
+    model = model_for(DISPATCH_DTYPE) if model_for is not None and d.space_arch is not None else None
+    split = int(((model.manifest.get("hyperparameters") or {}).get("split_m", 0) or 0)) if model is not None else 0
+    if 0 < m <= split:
+        S = _space()
+        smallest = min((c.block_m for c in S.generate_configs(d.space_arch, DISPATCH_DTYPE, include_vendor=False)
+                        if isinstance(c, S.BsTiledConfig)), default=0)
+        if split + 1 <= smallest:
+            return split + 1
+    return m
+
+
+def pick(d, m: int, n: int, k: int, count: int | None = None, at: int | None = None):
     """(tiled config, source) for vLLM at (M, N, K): the best-ranked tiled config of the
-    dispatcher's ranking that is feasible, else vLLM's default with source 'default'."""
+    dispatcher's ranking at M = ``at`` (default ``ranking_m``) that is feasible at M, else vLLM's
+    default with source 'default'."""
     S = _space()
     problem = S.Problem(m, n, k, DISPATCH_DTYPE)
-    for choice in d.rank(m, n, k, DISPATCH_DTYPE, count=count or _candidate_count(d)):
+    at = ranking_m(d, m) if at is None else at
+    for choice in d.rank(at, n, k, DISPATCH_DTYPE, count=count or _candidate_count(d)):
         try:
             cfg = S.config_from_id(choice.candidate)
         except ValueError:  # not a config of this space (e.g. another op's id): never exported
@@ -146,9 +176,12 @@ def build_table(d, n: int, k: int, ms=VLLM_M_GRID) -> VllmTable:
     count = _candidate_count(d)
     table = VllmTable(n, k, d.gpu_name)
     for m in sorted(int(v) for v in ms):
-        cfg, source = pick(d, m, n, k, count)
+        at = ranking_m(d, m)
+        cfg, source = pick(d, m, n, k, count, at)
         table.entries[str(m)] = S.to_vllm(cfg)
         table.picks[m] = (cfg.id, source)
+        if at != m:
+            table.ranked_at[m] = at
     return table
 
 
@@ -194,7 +227,9 @@ def write_sidecar(tables: list, d, out_dir: str) -> str:
         ident = ident if ident is not None else _model_identity(d)
         files[t.file_name] = {"op": d.op, "gpu_name": t.gpu_name, "n": t.n, "k": t.k, **ident,
                               "counts": t.counts(),
-                              "m": {str(m): {"candidate": cid, "source": src} for m, (cid, src) in t.picks.items()}}
+                              "m": {str(m): {"candidate": cid, "source": src,
+                                             **({"ranked_at_m": t.ranked_at[m]} if m in t.ranked_at else {})}
+                                    for m, (cid, src) in t.picks.items()}}
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump({"format": SIDECAR_FORMAT, "files": dict(sorted(files.items()))}, fh, indent=1)
