@@ -18,6 +18,12 @@ ones plus optional extras:
 - ``stride``: the power of two and odd part of a GEMV program's row stride, block_n x K bytes.
 
     python benchmarks/explore/fp8bs_m1_loop.py --variants '{"base": {}, "gemv": {"_extra": ["gemv"]}}' --seeds 0,1,2
+    python benchmarks/explore/fp8bs_m1_loop.py --seeds 0 --train-max-m 2
+
+The loop's model is exactly the shipped model's M = 1 trees (``split_m`` 1, "M = 1 trees of their
+own" in models/NOTES.md). ``--train-max-m`` fits it on the rows with M <= that instead (the M = 1
+shapes are scored either way). Per shape it also reports the best-ranked tiled config against the
+best tiled one, ranked at M = 1 and as M = 2: what vLLM's M = 1 key would get from such trees.
 
 Screened this way (M = 1 within 2% of 37, seeds 0-4; models/NOTES.md, "Power-of-two features"):
 shipped features 26 / 25 / 24 / 27 / 25; + pow2 28 / 29 / 24 / 27 / 29; + gemv (seeds 0-1) 23 / 24;
