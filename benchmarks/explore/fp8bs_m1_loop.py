@@ -117,13 +117,19 @@ def run_folds(folds, seed: int, feats, params: dict | None = None) -> tuple[np.n
              "lambda": 1.0, "max_bin": 256, "nthread": 2, "seed": seed, "tree_method": "hist",
              "objective": "rank:pairwise", "lambdarank_pair_method": "topk", "lambdarank_num_pair_per_sample": 8}
         p.update({k: v for k, v in params.items() if not k.startswith("_")})
-        b = xgb.train(p, dm, num_boost_round=params.get("_rounds", 300))
+        # _nseeds > 1: that many boosters (seeds seed, seed + 1, ...), their margins averaged.
+        bs = [xgb.train({**p, "seed": seed + i}, dm, num_boost_round=params.get("_rounds", 300))
+              for i in range(params.get("_nseeds", 1))]
+
+        def margin(x):
+            return np.mean([b.predict(xgb.DMatrix(x), output_margin=True) for b in bs], axis=0)
+
         x_test = np.asarray(feats(fold.test, fold, False), dtype=np.float32)
-        t = fold.test.assign(score=-b.predict(xgb.DMatrix(x_test), output_margin=True))
+        t = fold.test.assign(score=-margin(x_test))
         # The same rows scored as M = 2 problems: a tiled program at M = 1 and M = 2 is the same work
         # (BLOCK_SIZE_M >= 16), so this is another way to rank the tiled configs for vLLM's M = 1 key.
         x2 = np.asarray(feats(fold.test.assign(m=2), fold, False), dtype=np.float32)
-        t["score2"] = -b.predict(xgb.DMatrix(x2), output_margin=True)
+        t["score2"] = -margin(x2)
         for (n, k), g in t.groupby(["n", "k"]):
             i = int(np.argmin(g["score"].to_numpy()))
             s = g["p50_us"].iloc[i] / g["p50_us"].min()
@@ -161,7 +167,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", default='{"base": {}}',
                     help="JSON {name: params}: xgboost params, plus _extra (list), _ew (evaluation weight), "
-                         "_step (rank grade step), _rounds")
+                         "_step (rank grade step), _rounds, _nseeds (boosters averaged)")
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--out", default=None, help="folder for per-shape CSVs (name_sSEED.csv)")
     ap.add_argument("--train-max-m", type=int, default=1,
