@@ -24,6 +24,8 @@ The loop's model is exactly the shipped model's M = 1 trees (``split_m`` 1, "M =
 own" in models/NOTES.md). ``--train-max-m`` fits it on the rows with M <= that instead (the M = 1
 shapes are scored either way). Per shape it also reports the best-ranked tiled config against the
 best tiled one, ranked at M = 1 and as M = 2: what vLLM's M = 1 key would get from such trees.
+``--test-m 16`` (with ``--train-min-m``/``--train-max-m``) scores another M's evaluation shapes:
+M = 16 fitted on M <= 16 or on 2 <= M <= 32 read as the whole model (models/NOTES.md).
 
 Screened this way (M = 1 within 2% of 37, seeds 0-4; models/NOTES.md, "Power-of-two features"):
 shipped features 26 / 25 / 24 / 27 / 25; + pow2 28 / 29 / 24 / 27 / 29; + gemv (seeds 0-1) 23 / 24;
@@ -77,14 +79,15 @@ def extra(t: pd.DataFrame, kinds) -> np.ndarray:
     return np.stack(cols, 1) if cols else np.zeros((len(t), 0))
 
 
-def m1_folds(train_max_m: int = 1):
-    """The family folds of the op's M = 1 evaluation shapes, trained on the rows with M <=
-    train_max_m (1: the M = 1 rows alone)."""
+def m1_folds(train_max_m: int = 1, test_m: int = 1, train_min_m: int = 1):
+    """The family folds of the op's evaluation shapes at M = test_m, trained on the rows with
+    train_min_m <= M <= train_max_m (by default the M = 1 rows alone, tested at M = 1)."""
     from gemm_costmodel.learning import evaluate, pipeline
 
     df = pipeline.load_training_frame(None, op="fp8_blockscale")
-    folds = evaluate.family_folds(df[df["m"] <= train_max_m])
-    return [dataclasses.replace(f, test=f.test[f.test["m"] == 1]) for f in folds]
+    folds = evaluate.family_folds(df[(df["m"] >= train_min_m) & (df["m"] <= train_max_m)])
+    folds = [dataclasses.replace(f, test=f.test[f.test["m"] == test_m]) for f in folds]
+    return [f for f in folds if len(f.test)]
 
 
 def training_rows_of(fold) -> pd.DataFrame:
@@ -151,7 +154,7 @@ def report(name: str, seed: int, tot: np.ndarray, det=None) -> None:
         ts, t2 = np.array([d[6] for d in det]), np.array([d[7] for d in det])
         tiled = (f"; best-ranked tiled config vs the best tiled: geomean {np.exp(np.log(ts).mean()):.3f}, worst "
                  f"{ts.max():.2f} (ranked as M = 2: {np.exp(np.log(t2).mean()):.3f}, {t2.max():.2f})")
-    print(f"{name} seed {seed}: M = 1 within 2% {int((tot <= 1.02).sum())} of {len(tot)}, "
+    print(f"{name} seed {seed}: within 2% {int((tot <= 1.02).sum())} of {len(tot)}, "
           f"geomean {np.exp(np.log(tot).mean()):.4f}, worst {tot.max():.3f}{tiled}", flush=True)
 
 
@@ -172,8 +175,10 @@ def main():
     ap.add_argument("--out", default=None, help="folder for per-shape CSVs (name_sSEED.csv)")
     ap.add_argument("--train-max-m", type=int, default=1,
                     help="train on the rows with M <= this (the M = 1 picks are scored either way)")
+    ap.add_argument("--train-min-m", type=int, default=1, help="and M >= this")
+    ap.add_argument("--test-m", type=int, default=1, help="score the evaluation shapes of this M (default 1)")
     args = ap.parse_args()
-    folds = m1_folds(args.train_max_m)
+    folds = m1_folds(args.train_max_m, args.test_m, args.train_min_m)
     for name, params in json.loads(args.variants).items():
         def feats(t, fold, train, kinds=params.get("_extra", [])):
             return np.hstack([base_features(t), extra(t, kinds)])
