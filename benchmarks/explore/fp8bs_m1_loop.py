@@ -101,7 +101,8 @@ def run_folds(folds, seed: int, feats, params: dict | None = None) -> tuple[np.n
     """Train on each fold's training rows and pick on its held-out shapes: (slowdowns, one
     DETAIL_COLUMNS tuple per shape). ``feats(rows, fold, train)``: the float feature matrix of rows
     (training rows with train=True, the fold's test rows with False). ``params``: xgboost params
-    over the shipped ones, plus _ew (evaluation weight), _step (rank grade step), _rounds."""
+    over the shipped ones, plus _ew (evaluation weight), _m1w (M = 1 queries' weight factor), _step
+    (rank grade step), _rounds."""
     import xgboost as xgb
 
     from gemm_costmodel.learning.model import shape_ids, targets
@@ -114,6 +115,8 @@ def run_folds(folds, seed: int, feats, params: dict | None = None) -> tuple[np.n
         dm = xgb.DMatrix(np.asarray(feats(rows, fold, True), dtype=np.float32),
                          label=targets(rows, "rank", params.get("_step", 1.01)))
         wt = np.where(rows["eval_shape"].astype(bool).to_numpy(), params.get("_ew", 6.0), 1.0)
+        # _m1w: the M = 1 queries' weight over the rest (for a low side fitted on every M).
+        wt = wt * np.where(rows["m"].to_numpy() == 1, params.get("_m1w", 1.0), 1.0)
         dm.set_group(rows.groupby("_sid", sort=True).size().to_numpy())
         dm.set_weight(rows.assign(_w=wt).groupby("_sid", sort=True)["_w"].max().to_numpy())
         p = {"eta": 0.1, "max_depth": 8, "subsample": 0.8, "colsample_bytree": 0.8, "min_child_weight": 2.0,
@@ -179,7 +182,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", default='{"base": {}}',
                     help="JSON {name: params}: xgboost params, plus _extra (list), _ew (evaluation weight), "
-                         "_step (rank grade step), _rounds, _nseeds (boosters averaged)")
+                         "_m1w (M = 1 queries' weight factor), _step (rank grade step), _rounds, _nseeds (boosters averaged)")
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--out", default=None, help="folder for per-shape CSVs (name_sSEED.csv)")
     ap.add_argument("--train-max-m", type=int, default=1,
