@@ -284,7 +284,9 @@ def _train_config(args):
                        decode_weight=pick("decode_weight", "decode_weight"),
                        decode_max_m=pick("decode_max_m", "decode_max_m"),
                        split_m=pick("split_m", "split_m"),
-                       split_high_rows=pick("split_high_rows", "split_high_rows"))
+                       split_high_rows=pick("split_high_rows", "split_high_rows"),
+                       split_low_rows=pick("split_low_rows", "split_low_rows"),
+                       split_low_weight=pick("split_low_weight", "split_low_weight"))
 
 
 def _load_frame(args):
@@ -578,6 +580,13 @@ def _model_args(p, report: bool = False, train: bool = False) -> None:
                    help="with --split-m: the queries the M > split-m trees are fitted on, their own ('high') "
                         "or every query ('all'); the M <= split-m trees always fit their own (default: the "
                         "op's registry value: fp8_blockscale all, else high)")
+    p.add_argument("--split-low-rows", choices=("low", "all"), default=None,
+                   help="with --split-m: the queries the M <= split-m trees are fitted on, their own ('low') "
+                        "or every query ('all', their own weighted --split-low-weight times) (default: the "
+                        "op's registry value, else low)")
+    p.add_argument("--split-low-weight", type=float, default=None,
+                   help="with --split-low-rows all: the weight factor of the M <= split-m queries (default: "
+                        "the op's registry value, else 1)")
     p.add_argument("--jobs", type=int, default=2, help="xgboost threads")
     p.add_argument("--seed", type=int, default=0)
     if report:

@@ -424,6 +424,39 @@ def test_split_high_rows_all_fits_the_high_side_on_every_query(fp8):
         SMALL.with_(split_high_rows="low")
 
 
+def test_split_low_rows_all_fits_the_low_side_on_every_query_weighted(fp8):
+    """split_low_rows="all" with weight w: rows with M <= 2 score as one model fitted on every query
+    with the M <= 2 ones weighted w (decode_weight w up to M = 2), the others as the model of the
+    M > 2 queries alone (split_high_rows "high"), to fp32 rounding."""
+    cfg = SMALL.with_(formulation="rank", n_estimators=6)
+    low = fp8["m"] <= 2
+    split = CostModel(cfg.with_(split_m=2, split_low_rows="all", split_low_weight=5.0)).fit(fp8)
+    lo = CostModel(cfg.with_(decode_weight=5.0, decode_max_m=2)).fit(fp8)
+    hi = CostModel(cfg).fit(fp8[~low])
+    rows = pd.concat([fp8[low].head(100), fp8[~low].head(100)])
+    X_ = F.from_frame(rows, hardware.spec_for)
+    m2 = rows["m"].to_numpy() <= 2
+    want = np.where(m2, lo.score(X_), hi.score(X_))
+    np.testing.assert_allclose(split.score(X_), want, rtol=0, atol=1e-4 * max(1.0, np.abs(want).max()))
+    # The weight is what the low side learns from: weight 1 is the whole unweighted model there.
+    even = CostModel(cfg.with_(split_m=2, split_low_rows="all")).fit(fp8).score(X_)
+    np.testing.assert_allclose(even[m2], CostModel(cfg).fit(fp8).score(X_)[m2], rtol=0,
+                               atol=1e-4 * max(1.0, np.abs(want).max()))
+    assert not np.allclose(even[m2], want[m2])
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"split_low_rows": "high"}, "split_low_rows must be one of low, all"),
+    ({"split_low_rows": "all", "split_low_weight": 0.0}, "split_low_weight must be finite and > 0"),
+    ({"split_low_rows": "all", "split_low_weight": float("inf")}, "split_low_weight must be finite and > 0"),
+    ({"split_low_rows": "all", "split_low_weight": True}, "split_low_weight must be finite and > 0"),
+    ({"split_low_weight": 20.0}, "needs split_low_rows 'all'"),
+])
+def test_split_low_rows_rejects_bad_values(kw, match):
+    with pytest.raises(ValueError, match=match):
+        SMALL.with_(**kw)
+
+
 def test_split_m_with_one_side_empty_is_one_model(fp8):
     cfg = SMALL.with_(formulation="rank", n_estimators=4)
     high = fp8[fp8["m"] > 2]
@@ -456,6 +489,10 @@ def test_cli_split_m_from_the_op_then_the_command_line():
     assert _train_config(build_parser().parse_args(["train", "--split-m", "0"])).split_m == 0
     assert _train_config(build_parser().parse_args(["train"])).split_high_rows == "high"
     assert _train_config(build_parser().parse_args(["train", "--split-high-rows", "all"])).split_high_rows == "all"
+    cfg = _train_config(build_parser().parse_args(["train", "--split-low-rows", "all", "--split-low-weight", "3"]))
+    assert (cfg.split_low_rows, cfg.split_low_weight) == ("all", 3.0)
+    assert (_train_config(build_parser().parse_args(["train"])).split_low_rows,
+            _train_config(build_parser().parse_args(["train"])).split_low_weight) == ("low", 1.0)
 
 
 def test_gate_boosters_rejects_mismatched_boosters(fp8):

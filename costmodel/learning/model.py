@@ -21,6 +21,7 @@ from gemm_costmodel.serving import hardware
 
 FORMULATIONS = ("log_latency", "normalized", "rank")
 SPLIT_HIGH_ROWS = ("high", "all")
+SPLIT_LOW_ROWS = ("low", "all")
 SHAPE_COLS = ["gpu_name", "op", "dtype", "m", "n", "k", "e", "top_k", "stage", "routing"]
 # Grade step of the ranking labels (TrainConfig.rank_step's default): candidates within 3% of
 # each other share a grade. RANK_GRADES steps of 3% span slowdowns up to 1.03 ** 30 = 2.43x;
@@ -109,6 +110,13 @@ class TrainConfig:
     # split with its own M = 1 queries out of the high side lost 5 points of M > 1 match, while its
     # M = 1 picks gained from trees of their own (models/NOTES.md, "M = 1 trees of their own").
     split_high_rows: str = "high"
+    # The queries the low side's trees (M <= split_m) are fitted on: "low" (its own only) or "all"
+    # (every query, its own weighted split_low_weight times). Fitted on its decode queries alone, a
+    # ranker learns only the order of their best candidates (GEMVs), not of the configs that rarely
+    # win there; every query, with the decode ones weighted up, keeps its splits on their near-ties
+    # and also orders the rest (fp8_blockscale: models/NOTES.md, "A low side fitted on every M").
+    split_low_rows: str = "low"
+    split_low_weight: float = 1.0
 
     def __post_init__(self):
         if self.formulation not in FORMULATIONS:
@@ -131,6 +139,15 @@ class TrainConfig:
             raise ValueError(f"split_m must be an int >= 0, got {self.split_m!r}")
         if self.split_high_rows not in SPLIT_HIGH_ROWS:
             raise ValueError(f"split_high_rows must be one of {', '.join(SPLIT_HIGH_ROWS)}, got {self.split_high_rows!r}")
+        if self.split_low_rows not in SPLIT_LOW_ROWS:
+            raise ValueError(f"split_low_rows must be one of {', '.join(SPLIT_LOW_ROWS)}, got {self.split_low_rows!r}")
+        if isinstance(self.split_low_weight, bool) or not isinstance(self.split_low_weight, (int, float)) \
+                or not 0 < self.split_low_weight < float("inf"):
+            raise ValueError(f"split_low_weight must be finite and > 0, got {self.split_low_weight!r}")
+        if self.split_low_weight != 1.0 and self.split_low_rows != "all":
+            # Fitted on its own queries alone, a common weight on all of them changes nothing.
+            raise ValueError("split_low_weight weighs the low side's queries against the others: it needs "
+                             "split_low_rows 'all'")
         if not 1.0 < self.rank_step < 2.0:
             raise ValueError(f"rank_step must be in (1, 2), got {self.rank_step!r}")
         edges = self.shortlist_edges
@@ -346,7 +363,12 @@ class CostModel:
             feature = names.index("log2_m")
             threshold = float(np.log2(self.config.split_m + 0.5))
             high = rows if self.config.split_high_rows == "all" else rows[~low]
-            lows, highs = self._boosters(rows[low], progress), self._boosters(high, progress)
+            if self.config.split_low_rows == "all":
+                own = np.where(low, self.config.split_low_weight, 1.0)
+                lows = self._boosters(rows, progress, own)
+            else:
+                lows = self._boosters(rows[low], progress)
+            highs = self._boosters(high, progress)
             boosters = [gate_boosters(lo, hi, feature, threshold) for lo, hi in zip(lows, highs)]
         else:
             boosters = self._boosters(rows, progress)
@@ -367,8 +389,9 @@ class CostModel:
             raise ValueError(f"one op per model, got rows of {', '.join(ops)}")
         return ops[0]
 
-    def _boosters(self, rows, progress=None) -> list:
-        """The n_seeds boosters fitted on ``rows`` (sorted by query, as fit leaves them)."""
+    def _boosters(self, rows, progress=None, factor=None) -> list:
+        """The n_seeds boosters fitted on ``rows`` (sorted by query, as fit leaves them); ``factor``:
+        a weight factor per row (the same on a query's rows), on top of the config's weights."""
         import xgboost as xgb
 
         X = F.from_frame(rows, hardware.spec_for)
@@ -376,6 +399,8 @@ class CostModel:
         dm = xgb.DMatrix(X, label=y)
         weight = np.where(rows["eval_shape"].astype(bool).to_numpy(), self.config.eval_weight, 1.0)
         weight = weight * np.where(rows["m"].to_numpy() <= self.config.decode_max_m, self.config.decode_weight, 1.0)
+        if factor is not None:
+            weight = weight * np.asarray(factor, dtype=float)
         if self.config.formulation == "rank":
             dm.set_group(rows.groupby("_sid", sort=True).size().to_numpy())
             # Ranking weights are per query: a shape's rows share its eval_shape flag.
