@@ -486,6 +486,8 @@ def test_cli_split_m_from_the_op_then_the_command_line():
     assert _train_config(build_parser().parse_args(["train", "--op", "moe"])).split_m == 4
     assert _train_config(build_parser().parse_args(["train", "--op", "fp8_blockscale"])).split_m == 1
     assert _train_config(build_parser().parse_args(["train", "--op", "fp8_blockscale"])).split_high_rows == "all"
+    fp8bs = _train_config(build_parser().parse_args(["train", "--op", "fp8_blockscale"]))
+    assert (fp8bs.split_low_rows, fp8bs.split_low_weight) == ("all", 20.0)
     assert _train_config(build_parser().parse_args(["train", "--split-m", "0"])).split_m == 0
     assert _train_config(build_parser().parse_args(["train"])).split_high_rows == "high"
     assert _train_config(build_parser().parse_args(["train", "--split-high-rows", "all"])).split_high_rows == "all"
