@@ -578,8 +578,8 @@ def _model_args(p, report: bool = False, train: bool = False) -> None:
                         "moe 4, fp8_blockscale 1)")
     p.add_argument("--split-high-rows", choices=("high", "all"), default=None,
                    help="with --split-m: the queries the M > split-m trees are fitted on, their own ('high') "
-                        "or every query ('all'); the M <= split-m trees always fit their own (default: the "
-                        "op's registry value: fp8_blockscale all, else high)")
+                        "or every query ('all'); the M <= split-m trees' queries are --split-low-rows' (default: "
+                        "the op's registry value: fp8_blockscale all, else high)")
     p.add_argument("--split-low-rows", choices=("low", "all"), default=None,
                    help="with --split-m: the queries the M <= split-m trees are fitted on, their own ('low') "
                         "or every query ('all', their own weighted --split-low-weight times) (default: the "

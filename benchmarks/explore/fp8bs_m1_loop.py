@@ -20,9 +20,10 @@ ones plus optional extras:
     python benchmarks/explore/fp8bs_m1_loop.py --variants '{"base": {}, "gemv": {"_extra": ["gemv"]}}' --seeds 0,1,2
     python benchmarks/explore/fp8bs_m1_loop.py --seeds 0 --train-max-m 2
 
-The loop's model is exactly the shipped model's M = 1 trees (``split_m`` 1, "M = 1 trees of their
-own" in models/NOTES.md). ``--train-max-m`` fits it on the rows with M <= that instead (the M = 1
-shapes are scored either way). Per shape it also reports the best-ranked tiled config against the
+By default the loop's model is the M = 1 trees fitted on the M = 1 rows alone ("M = 1 trees of
+their own" in models/NOTES.md). ``--train-max-m`` fits it on the rows with M <= that instead (the
+M = 1 shapes are scored either way); the shipped M = 1 trees are ``--train-max-m 100000`` with
+``{"_m1w": 20}`` ("A low side fitted on every M"). Per shape it also reports the best-ranked tiled config against the
 best tiled one, ranked at M = 1 and as M = 2: what vLLM's M = 1 key would get from such trees.
 ``--test-m 16`` (with ``--train-min-m``/``--train-max-m``) scores another M's evaluation shapes:
 M = 16 fitted on M <= 16 or on 2 <= M <= 32 read as the whole model (models/NOTES.md).

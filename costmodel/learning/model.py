@@ -105,7 +105,7 @@ class TrainConfig:
     # log2_m, so the export, the cascade and the runtime see one booster.
     split_m: int = 0
     # The queries the high side's trees (M > split_m) are fitted on: "high" (its own only) or
-    # "all" (every query: the low side still gets trees of its own, fitted on its queries alone).
+    # "all" (every query; the low side still gets trees of its own, fitted on split_low_rows').
     # "all" is for an op whose M > split_m picks learn from the decode queries: fp8_blockscale's
     # split with its own M = 1 queries out of the high side lost 5 points of M > 1 match, while its
     # M = 1 picks gained from trees of their own (models/NOTES.md, "M = 1 trees of their own").

@@ -132,10 +132,12 @@ def ranking_m(d, m: int) -> int:
     (decode trees of their own), which are ranked at split_m + 1 when that is below the smallest
     tiled BLOCK_SIZE_M.
 
-    Why: the decode trees are fitted on the decode queries alone, whose best candidates are GEMVs;
-    a ranker learns the order of a query's best candidates, so those trees leave the tiled configs
-    (all far behind at M = 1) in an arbitrary order among themselves: the fp8_blockscale model's
-    M = 1 key once read BLOCK_SIZE_M 256, 8x slower than the best tiled config. Below the smallest
+    Why: the decode trees are fitted on (or weighted to) the decode queries, whose best candidates
+    are GEMVs; a ranker learns the order of a query's best candidates, so those trees order the
+    tiled configs (all far behind at M = 1) poorly or not at all: fitted on the M = 1 queries alone,
+    the fp8_blockscale model's M = 1 key once read BLOCK_SIZE_M 256, 8x slower than the best tiled
+    config; fitted on every query with M = 1 weighted 20 (shipped), its tiled pick at M = 1 is
+    1.020-1.038x off the best tiled, against 1.012-1.028x ranked as M = 2. Below the smallest
     BLOCK_SIZE_M every tiled config runs the same programs at any M (one tile row, the rows past M
     masked), so the tiled order at split_m + 1, which the other trees learned from every query, is
     the order at M. Leave-one-family-out at M = 1 (37 shapes, seeds 0-4): the best tiled config so
