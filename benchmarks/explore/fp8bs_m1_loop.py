@@ -147,6 +147,9 @@ def run_folds(folds, seed: int, feats, params: dict | None = None) -> tuple[np.n
             tot.append(s)
             # What vLLM's file would get at M = 1: the best-ranked tiled config (vLLM's kernel).
             tl = g[g["variant"].astype(str) == "tiled"]
+            if not len(tl):  # a frame cut to one variant (fp8bs_gemv_ranker.py) has no tiled rows
+                det.append((fold.name, n, k, g["candidate"].iloc[i], s, None, np.nan, np.nan))
+                continue
             j = int(np.argmin(tl["score"].to_numpy()))
             s2 = np.nan
             if tl["score2"].notna().all():
