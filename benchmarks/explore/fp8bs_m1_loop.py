@@ -80,14 +80,26 @@ def extra(t: pd.DataFrame, kinds) -> np.ndarray:
     return np.stack(cols, 1) if cols else np.zeros((len(t), 0))
 
 
-def m1_folds(train_max_m: int = 1, test_m: int = 1, train_min_m: int = 1):
+def m1_folds(train_max_m: int = 1, test_m: int = 1, train_min_m: int = 1, add_data=None,
+             test_gpu: str = "NVIDIA H100 80GB HBM3"):
     """The family folds of the op's evaluation shapes at M = test_m, trained on the rows with
-    train_min_m <= M <= train_max_m (by default the M = 1 rows alone, tested at M = 1)."""
+    train_min_m <= M <= train_max_m (by default the M = 1 rows alone, tested at M = 1).
+    add_data: a folder of more parquet files (another card's rows) to train on; the held-out
+    shapes are always test_gpu's."""
+    import glob
+    import os
+
+    from gemm_costmodel.data import dataset
     from gemm_costmodel.learning import evaluate, pipeline
 
-    df = pipeline.load_training_frame(None, op="fp8_blockscale")
+    paths = None
+    if add_data:
+        paths = dataset.dataset_files("datasets") + sorted(glob.glob(os.path.join(add_data, "**", "*.parquet"),
+                                                                     recursive=True))
+    df = pipeline.load_training_frame(paths, op="fp8_blockscale")
     folds = evaluate.family_folds(df[(df["m"] >= train_min_m) & (df["m"] <= train_max_m)])
-    folds = [dataclasses.replace(f, test=f.test[f.test["m"] == test_m]) for f in folds]
+    folds = [dataclasses.replace(f, test=f.test[(f.test["m"] == test_m) & (f.test["gpu_name"] == test_gpu)])
+             for f in folds]
     return [f for f in folds if len(f.test)]
 
 
@@ -193,8 +205,10 @@ def main():
                     help="train on the rows with M <= this (the M = 1 picks are scored either way)")
     ap.add_argument("--train-min-m", type=int, default=1, help="and M >= this")
     ap.add_argument("--test-m", type=int, default=1, help="score the evaluation shapes of this M (default 1)")
+    ap.add_argument("--add-data", default=None,
+                    help="folder of more parquet files to train on (another card's rows); the test stays the H100's")
     args = ap.parse_args()
-    folds = m1_folds(args.train_max_m, args.test_m, args.train_min_m)
+    folds = m1_folds(args.train_max_m, args.test_m, args.train_min_m, args.add_data)
     for name, params in json.loads(args.variants).items():
         def feats(t, fold, train, kinds=params.get("_extra", [])):
             return np.hstack([base_features(t), extra(t, kinds)])
