@@ -326,6 +326,11 @@ def cmd_train(args) -> int:
     cfg, df, err = _config_and_frame(args)
     if err:
         return err
+    if getattr(args, "train_gpu", None):
+        # run --train-gpu: the final model learns from the same GPUs' rows as the held-out folds did.
+        df = df[df["gpu_name"].astype(str).isin(args.train_gpu)]
+        if df.empty:
+            return _fail(f"--train-gpu: no rows of {', '.join(args.train_gpu)} in the data")
     try:
         # Data that passed validation can still give nothing to learn (no stable row of a
         # dtype, no shape with two candidates): the model code says so with a ValueError.
@@ -412,7 +417,7 @@ def cmd_evaluate(args) -> int:
                 best = pipeline.select_best(comparison)
                 print(f"evaluate: best on validation: {best}")
                 cfg = cfg.with_(**best)
-        res = pipeline.evaluate(df, cfg, schemes=args.schemes)
+        res = pipeline.evaluate(df, cfg, schemes=args.schemes, train_gpus=args.train_gpu)
         fam, rows = res.get("family", (None, None))
         nk, nk_rows = res.get("nk", (None, None))
         if rows is None:
@@ -423,7 +428,8 @@ def cmd_evaluate(args) -> int:
             from gemm_costmodel.learning.evaluate import cross_validate
 
             lat_cfg = pipeline.LATENCY_COMPANION.with_(n_jobs=cfg.n_jobs, seed=cfg.seed)
-            rows = cross_validate(df, lat_cfg, scheme="family" if fam is not None else "nk", baselines=False)[1]
+            rows = cross_validate(df, lat_cfg, scheme="family" if fam is not None else "nk", baselines=False,
+                                  train_gpus=args.train_gpu)[1]
     except ValueError as exc:
         return _fail(f"cannot evaluate: {exc}")
     from gemm_costmodel import registry
@@ -592,6 +598,10 @@ def _model_args(p, report: bool = False, train: bool = False) -> None:
     if report:
         p.add_argument("--report", default="models/report", help="report folder")
         p.add_argument("--schemes", nargs="+", default=["family", "nk"], choices=["family", "nk"])
+        p.add_argument("--train-gpu", nargs="+", default=None, metavar="GPU_NAME",
+                       help="learn only from these GPUs' rows (with run, the final model too) while the "
+                            "report scores every GPU's held-out shapes: how a model trained on one card "
+                            "ranks another's (default: every GPU in the data)")
         p.add_argument("--compare", action="store_true", help="also compare formulations (slower)")
         p.add_argument("--select", action="store_true", help="with --compare: evaluate the best one")
     if train:

@@ -129,6 +129,44 @@ def test_evaluate_nk_only_is_labelled_nk(tmp_path):
     assert "Leave-one-family-out" not in md
 
 
+def test_evaluate_train_gpu_learns_from_one_card_and_scores_both(tmp_path):
+    # The evaluation file again as if measured on an H100: evaluation shapes of a second card that
+    # no model learns from with --train-gpu "NVIDIA H200".
+    h100 = tmp_path / "eval-h100.parquet"
+    pd.read_parquet(EVAL).assign(gpu_name="NVIDIA H100 80GB HBM3").to_parquet(h100, index=False)
+    base = ["evaluate", *SMALL, "--schemes", "family"]
+    rc, _, err = quiet([*base, "--data", *FP8, "--report", str(tmp_path / "one")])
+    assert rc == 0, err
+    rc, _, err = quiet([*base, "--data", *FP8, str(h100), "--train-gpu", "NVIDIA H200",
+                        "--report", str(tmp_path / "two")])
+    assert rc == 0, err
+    one = pd.read_csv(tmp_path / "one" / "results_family.csv")
+    two = pd.read_csv(tmp_path / "two" / "results_family.csv")
+    one, two = one[one["method"] == "model"], two[two["method"] == "model"]
+    assert set(two["gpu_name"]) == {"NVIDIA H200", "NVIDIA H100 80GB HBM3"}
+    # The same training rows and seed as without the H100 file: the H200 picks are the same.
+    h200 = two[two["gpu_name"] == "NVIDIA H200"].set_index("shape")["pick"].sort_index()
+    assert h200.equals(one.set_index("shape")["pick"].sort_index())
+    assert (two["gpu_name"] == "NVIDIA H100 80GB HBM3").sum() == len(h200)
+    assert "## Leave-one-family-out: NVIDIA H100 80GB HBM3" in (tmp_path / "two" / "report.md").read_text()
+
+
+def test_run_train_gpu_trains_the_final_model_on_that_card(tmp_path):
+    h100 = tmp_path / "eval-h100.parquet"
+    pd.read_parquet(EVAL).assign(gpu_name="NVIDIA H100 80GB HBM3").to_parquet(h100, index=False)
+    booster = tmp_path / "b.json"
+    rc, _, err = quiet(["run", *SMALL, "--schemes", "family", "--data", *FP8, str(h100), "--train-gpu", "NVIDIA H200",
+                        "--report", str(tmp_path / "r"), "--booster", str(booster), "--no-export"])
+    assert rc == 0, err
+    side = read_json(str(booster) + ".train.json")
+    assert side["gpus"] == ["NVIDIA H200"]
+
+
+def test_train_gpu_not_in_the_data(tmp_path, capsys):
+    rc = cli_main([*model_cmd("evaluate", tmp_path), "--data", *FP8, "--train-gpu", "NVIDIA B200"])
+    assert_one_line_error(rc, capsys, "train_gpus", "'NVIDIA B200'")
+
+
 # -- bad inputs: exit non-zero with a one-line reason -------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -250,6 +250,43 @@ def test_family_folds_by_hand():
     assert set(folds["d"].train["m"]) == {8, 16, 32}
 
 
+def two_gpu_frame():
+    """fold_frame() measured on an H200 and again, every row, on an H100."""
+    df = fold_frame()
+    return pd.concat([df, df.assign(gpu_name="NVIDIA H100 80GB HBM3")], ignore_index=True)
+
+
+def test_train_on_gpus_cuts_only_the_training_side():
+    folds = E.family_folds(two_gpu_frame())
+    cut = {f.name: f for f in E.train_on_gpus(folds, ["NVIDIA H100 80GB HBM3"])}
+    for f in folds:
+        g = cut[f.name]
+        # Held-out side: both cards' evaluation shapes, untouched.
+        assert g.test.equals(f.test)
+        assert set(g.test["gpu_name"]) == {"NVIDIA H200", "NVIDIA H100 80GB HBM3"}
+        # Training side: the H100 half of the same rows (family a: X and Z out, Y and W in).
+        assert set(g.train["gpu_name"]) == {"NVIDIA H100 80GB HBM3"}
+        assert len(g.train) == len(f.train) // 2
+    assert set(cut["a"].train["m"]) == {16, 64}
+    # None or empty: the folds as they were.
+    assert E.train_on_gpus(folds, None) is folds
+
+
+def test_train_on_gpus_names_a_gpu_the_data_lacks():
+    folds = E.family_folds(fold_frame())  # H200 rows only
+    with pytest.raises(ValueError, match="train_gpus: no rows of GPU 'NVIDIA H100 80GB HBM3'"):
+        E.train_on_gpus(folds, ["NVIDIA H100 80GB HBM3"])
+
+
+def test_train_on_gpus_names_a_fold_left_without_training_rows():
+    # The H100 measured only family b's shape: holding b out leaves it nothing to learn from.
+    df = fold_frame()
+    h100 = df[df["family"] == "b"].assign(gpu_name="NVIDIA H100 80GB HBM3")
+    folds = E.family_folds(pd.concat([df, h100], ignore_index=True))
+    with pytest.raises(ValueError, match="fold b has no training row of NVIDIA H100 80GB HBM3"):
+        E.train_on_gpus(folds, ["NVIDIA H100 80GB HBM3"])
+
+
 def test_family_folds_never_train_on_held_out_family(fp8):
     folds = E.family_folds(fp8)
     assert len(folds) >= 3

@@ -269,9 +269,34 @@ def shortlisted(ev: pd.DataFrame, score: np.ndarray, keep: np.ndarray) -> np.nda
     return np.where(keep | ~any_keep, score, score + 1e6)
 
 
+def train_on_gpus(folds: list[Fold], gpus) -> list[Fold]:
+    """The folds with their training side cut to the rows of the GPUs named in ``gpus`` (their
+    held-out side keeps every GPU): how a model learned on one card ranks another card's shapes.
+    Raises ValueError naming a GPU the data lacks, or a fold left with no training row."""
+    if not gpus:
+        return folds
+    gpus = [str(g) for g in gpus]
+    have = set()
+    for f in folds:
+        have |= set(f.train["gpu_name"].astype(str).unique()) | set(f.test["gpu_name"].astype(str).unique())
+    missing = [g for g in gpus if g not in have]
+    if missing:
+        raise ValueError(f"train_gpus: no rows of GPU {missing[0]!r} in the data (GPUs in it: {', '.join(sorted(have))})")
+    out = []
+    for f in folds:
+        train = f.train[f.train["gpu_name"].astype(str).isin(gpus)]
+        if train.empty:
+            raise ValueError(f"train_gpus: fold {f.name} has no training row of {', '.join(gpus)}")
+        out.append(Fold(f.name, train, f.test))
+    return out
+
+
 def cross_validate(df: pd.DataFrame, config: TrainConfig, scheme: str = "family", baselines: bool = True,
-                   log: Callable[[str], None] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+                   log: Callable[[str], None] | None = None, train_gpus=None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Held-out results over the folds of ``scheme`` ('family' or 'nk').
+
+    ``train_gpus``: if given, each fold's model (and the baselines fitted on training shapes) learns
+    from those GPUs' rows only, while every GPU's held-out shapes are scored (``train_on_gpus``).
 
     Returns (per-shape results, long: one row per (method, shape), with a ``fold``
     column; the model's held-out row-level scores: candidate, p50_us, score)."""
@@ -282,6 +307,7 @@ def cross_validate(df: pd.DataFrame, config: TrainConfig, scheme: str = "family"
         group = "a model family" if scheme == "family" else "an (N, K)"
         raise ValueError("no evaluation shapes to hold out with training data left: every shape shares "
                          f"{group} with them")
+    folds = train_on_gpus(folds, train_gpus)
     frames, rows = [], []
     for i, fold in enumerate(folds):
         if log:

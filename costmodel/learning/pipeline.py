@@ -101,12 +101,14 @@ class _Progress:
         return _CB()
 
 
-def evaluate(df: pd.DataFrame, config: TrainConfig, schemes=("family", "nk"), log: Log = _print):
-    """Held-out results per scheme: {scheme: (per-shape results, model rows)}."""
+def evaluate(df: pd.DataFrame, config: TrainConfig, schemes=("family", "nk"), log: Log = _print,
+             train_gpus=None):
+    """Held-out results per scheme: {scheme: (per-shape results, model rows)}. ``train_gpus``:
+    learn from those GPUs' rows only, score every GPU's held-out shapes (``cross_validate``)."""
     out = {}
     for scheme in schemes:
         t0 = time.perf_counter()
-        out[scheme] = E.cross_validate(df, config, scheme=scheme, log=log)
+        out[scheme] = E.cross_validate(df, config, scheme=scheme, log=log, train_gpus=train_gpus)
         log(f"evaluate: {scheme} folds done in {time.perf_counter() - t0:.1f} s")
     return out
 
