@@ -207,8 +207,12 @@ def main():
     ap.add_argument("--test-m", type=int, default=1, help="score the evaluation shapes of this M (default 1)")
     ap.add_argument("--add-data", default=None,
                     help="folder of more parquet files to train on (another card's rows); the test stays the H100's")
+    ap.add_argument("--test-gpu", default="NVIDIA H100 80GB HBM3", help="whose held-out shapes are scored")
+    ap.add_argument("--train-gpu", default=None, help="learn only from this GPU's rows (default: every GPU's)")
     args = ap.parse_args()
-    folds = m1_folds(args.train_max_m, args.test_m, args.train_min_m, args.add_data)
+    folds = m1_folds(args.train_max_m, args.test_m, args.train_min_m, args.add_data, args.test_gpu)
+    if args.train_gpu:
+        folds = [dataclasses.replace(f, train=f.train[f.train["gpu_name"] == args.train_gpu]) for f in folds]
     for name, params in json.loads(args.variants).items():
         def feats(t, fold, train, kinds=params.get("_extra", [])):
             return np.hstack([base_features(t), extra(t, kinds)])
