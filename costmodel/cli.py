@@ -412,7 +412,7 @@ def cmd_evaluate(args) -> int:
         # A fold with nothing to learn from (data that passed validation, but e.g. no
         # stable row outside the held-out family) raises ValueError in the model code.
         if args.compare:
-            comparison = pipeline.compare(df, cfg)
+            comparison = pipeline.compare(df, cfg, train_gpus=args.train_gpu)
             if args.select:
                 best = pipeline.select_best(comparison)
                 print(f"evaluate: best on validation: {best}")

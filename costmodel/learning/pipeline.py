@@ -118,13 +118,15 @@ COMPARE_GRID = [
 ]
 
 
-def compare(df: pd.DataFrame, base: TrainConfig, grid=COMPARE_GRID, log: Log = _print) -> pd.DataFrame:
-    """Leave-family-out metrics of the model for each (formulation, trees, depth, eta) in grid."""
+def compare(df: pd.DataFrame, base: TrainConfig, grid=COMPARE_GRID, log: Log = _print,
+            train_gpus=None) -> pd.DataFrame:
+    """Leave-family-out metrics of the model for each (formulation, trees, depth, eta) in grid
+    (``train_gpus``: as in ``evaluate``)."""
     rows = []
     for form, n, d, lr in grid:
         cfg = base.with_(formulation=form, n_estimators=n, max_depth=d, learning_rate=lr)
         t0 = time.perf_counter()
-        res, _ = E.cross_validate(df, cfg, scheme="family", baselines=False)
+        res, _ = E.cross_validate(df, cfg, scheme="family", baselines=False, train_gpus=train_gpus)
         m = E.metrics_table(res, by=["gpu_name", "dtype"])
         for r in m.to_dict("records"):
             rows.append({"formulation": form, "trees": n, "depth": d, "eta": lr, "gpu": r["gpu_name"],
