@@ -212,7 +212,9 @@ def main():
     args = ap.parse_args()
     folds = m1_folds(args.train_max_m, args.test_m, args.train_min_m, args.add_data, args.test_gpu)
     if args.train_gpu:
-        folds = [dataclasses.replace(f, train=f.train[f.train["gpu_name"] == args.train_gpu]) for f in folds]
+        from gemm_costmodel.learning import evaluate
+
+        folds = evaluate.train_on_gpus(folds, [args.train_gpu])
     for name, params in json.loads(args.variants).items():
         def feats(t, fold, train, kinds=params.get("_extra", [])):
             return np.hstack([base_features(t), extra(t, kinds)])
