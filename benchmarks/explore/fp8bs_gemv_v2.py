@@ -27,7 +27,7 @@ weights and every third training weight of the GEMV training lists.
 
     python benchmarks/explore/fp8bs_gemv_v2.py --out DIR [--limit N]
     python benchmarks/explore/fp8bs_gemv_v2.py --interpret-check     # CPU, TRITON_INTERPRET=1
-    python benchmarks/explore/fp8bs_gemv_v2.py --summary DIR          # CPU, from the rows
+    python benchmarks/explore/fp8bs_gemv_v2.py --summary DIR/gemv_v2.jsonl[.gz]   # CPU, one run's rows
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ RES = "benchmarks/results/fp8_blockscale"
 @triton.jit(do_not_specialize=["M"])
 def bs_gemv2_kernel(a_ptr, b_ptr, as_ptr, bs_ptr, y_ptr, M, N: tl.constexpr, K: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                    PREFETCH: tl.constexpr, NPROG: tl.constexpr):
+                    PREFETCH: tl.constexpr, NPROG: tl.constexpr, BITS: tl.constexpr):
     KG: tl.constexpr = (K + 127) // 128
     G: tl.constexpr = BLOCK_K // 128
     R: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
@@ -79,6 +79,24 @@ def bs_gemv2_kernel(a_ptr, b_ptr, as_ptr, bs_ptr, y_ptr, M, N: tl.constexpr, K: 
                                  eviction_policy="evict_first")
                 x = _gemv_x_scaled(a_ptr, as_ptr, bs_row, 0, K, KG, offs_g, offs_j, kt, BLOCK_K, EVEN_K, 128)
                 acc += w.to(tl.float32) * x[None, :, :]
+        elif BITS:
+            # e4m3 -> fp32 by moving the bits: sign to bit 31, exponent and mantissa shifted into
+            # fp32's fields (the fp32 value is then the e4m3 value times 2^-120, subnormals
+            # included; code 0x7F, NaN in e4m3, never occurs in quantised data). Integer ops
+            # instead of the two conversions per element (e4m3x2 -> f16x2 -> f32). The 2^120 is
+            # applied as 2^64 on the token row and 2^56 on the sum, so nothing leaves fp32's range.
+            wb_rows = w_rows.to(tl.pointer_type(tl.uint8))
+            for kt in range(0, T):
+                k = kt * BLOCK_K + kk
+                if EVEN_K:
+                    wi = tl.load(wb_rows + k[None, :, :], eviction_policy="evict_first")
+                else:
+                    wi = tl.load(wb_rows + k[None, :, :], mask=(k < K)[None, :, :], other=0,
+                                 eviction_policy="evict_first")
+                wi = wi.to(tl.uint32)
+                wf = (((wi & 0x7F) << 20) | ((wi & 0x80) << 24)).to(tl.float32, bitcast=True)
+                x = _gemv_x_scaled(a_ptr, as_ptr, bs_row, 0, K, KG, offs_g, offs_j, kt, BLOCK_K, EVEN_K, 128)
+                acc += wf * (x * 18446744073709551616.0)[None, :, :]
         else:
             for kt in range(0, T):
                 k = kt * BLOCK_K + kk
@@ -90,14 +108,21 @@ def bs_gemv2_kernel(a_ptr, b_ptr, as_ptr, bs_ptr, y_ptr, M, N: tl.constexpr, K: 
                 x = _gemv_x_scaled(a_ptr, as_ptr, bs_row, 0, K, KG, offs_g, offs_j, kt, BLOCK_K, EVEN_K, 128)
                 acc += w.to(tl.float32) * x[None, :, :]
         y = tl.sum(tl.sum(acc, axis=2), axis=1)
+        if BITS:
+            y = y * 72057594037927936.0
         tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=offs_n < N)
 
 
 # (kind, BLOCK_N, BLOCK_K, num_warps, programs per SM); kind "old" is the shipped kernel.
 _BN, _BK = (1, 2, 4, 8), (512, 1024, 2048)
-CONFIGS = ([("old", bn, bk, w, 0) for bn, bk, w in itertools.product(_BN, _BK, (4, 8))]
-           + [("pf", bn, bk, w, 0) for bn, bk, w in itertools.product(_BN, _BK, (4, 8))]
-           + [("persist", bn, bk, 4, p) for bn, bk, p in itertools.product(_BN, _BK, (4, 8))])
+_GRIDS = {"old": [(bn, bk, w, 0) for bn, bk, w in itertools.product(_BN, _BK, (4, 8))],
+          "pf": [(bn, bk, w, 0) for bn, bk, w in itertools.product(_BN, _BK, (4, 8))],
+          "persist": [(bn, bk, 4, p) for bn, bk, p in itertools.product(_BN, _BK, (4, 8))],
+          "bits": [(bn, bk, w, 0) for bn, bk, w in itertools.product(_BN, _BK, (4, 8))]}
+
+
+def configs(kinds) -> list[tuple]:
+    return [(kind, *c) for kind in kinds for c in _GRIDS[kind]]
 
 
 def config_id(c) -> str:
@@ -122,7 +147,8 @@ def launch(c, a, b, as_, bs, out, sms: int):
     r = triton.cdiv(n, bn)
     grid = (min(r, p * sms),) if p else (r,)
     bs_gemv2_kernel[grid](a, b, as_, bs, out, a.shape[0], n, k, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=k % bk == 0,
-                          PREFETCH=kind != "old", NPROG=grid[0] if p else 0, num_warps=w, num_stages=1)
+                          PREFETCH=kind in ("pf", "persist"), NPROG=grid[0] if p else 0, BITS=kind == "bits",
+                          num_warps=w, num_stages=1)
     return out
 
 
@@ -143,8 +169,8 @@ def _warm(tasks) -> int:
             else:
                 r = -(-n // bn)
                 bs_gemv2_kernel.warmup(t, t, f, f, y, 1, n, k, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=k % bk == 0,
-                                       PREFETCH=True, NPROG=min(r, p * sms) if p else 0, num_warps=w,
-                                       num_stages=1, grid=(1,))
+                                       PREFETCH=kind in ("pf", "persist"), NPROG=min(r, p * sms) if p else 0,
+                                       BITS=kind == "bits", num_warps=w, num_stages=1, grid=(1,))
         except Exception as exc:  # noqa: BLE001 - the timing loop meets it again and records it
             print("warmup failed", n, k, kind, bn, bk, w, p, type(exc).__name__, str(exc)[:200], flush=True)
     return len(tasks)
@@ -177,19 +203,22 @@ def interpret_check() -> int:
     worst = 0.0
     for (n, k), c in itertools.product([(200, 640), (130, 1000), (64, 384), (257, 2048)],
                                        [("pf", 1, 512, 4, 0), ("pf", 4, 1024, 4, 0), ("persist", 2, 512, 4, 1),
-                                        ("persist", 8, 512, 4, 1)]):
-        ops = impl.make_operands(space.Problem(1, n, k, "fp16"), "cpu", gen)
+                                        ("persist", 8, 512, 4, 1), ("bits", 2, 512, 4, 0), ("bits", 8, 1024, 4, 0)]):
+        # The bit decode reads e4m3 bytes: fp8 operands (no tl.dot here, so the interpreter is exact).
+        dt = "fp8" if c[0] == "bits" else "fp16"
+        ops = impl.make_operands(space.Problem(1, n, k, dt), "cpu", gen)
         # sms = 3 on the CPU: a persistent grid of 3 programs walks several row blocks each.
         y = launch(c, ops.a, ops.b, ops.as_, ops.bs, ops.out, sms=3)
         ref = impl.reference(ops)
         err = float((y.float() - ref).norm() / ref.norm())
-        worst = max(worst, err)
+        # As a share of the dtype's bound (fp8's output is bf16, fp16's is fp16).
+        worst = max(worst, err / impl.ERROR_BOUNDS[dt])
         print(n, k, config_id(c), f"{err:.2e}")
-    print("worst", worst)
-    return 0 if worst < 2e-3 else 1
+    print("worst, as a share of the bound:", worst)
+    return 0 if worst < 1 else 1
 
 
-def measure(out_dir: str, limit: int | None, workers: int) -> int:
+def measure(out_dir: str, limit: int | None, workers: int, kinds) -> int:
     from gemm_costmodel.benchmarks.timing import GraphTimer, copies_for
     from gemm_costmodel.kernels.fp8_blockscale import impl, space
 
@@ -201,6 +230,7 @@ def measure(out_dir: str, limit: int | None, workers: int) -> int:
     prov = {"gpu": props.name, "gpu_uuid": str(getattr(props, "uuid", "")), "sm_count": sms,
             "torch": torch.__version__, "triton": triton.__version__}
     ws = weights(limit)
+    CONFIGS = configs(kinds)
     precompile([(n, k, c) for n, k, _ in ws for c in CONFIGS if feasible(c, k)], workers)
     timer = GraphTimer()
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -242,17 +272,18 @@ def measure(out_dir: str, limit: int | None, workers: int) -> int:
     return 0
 
 
-def summary(out_dir: str) -> int:
+def summary(path: str) -> int:
     import numpy as np
     import pandas as pd
 
-    d = pd.read_json(os.path.join(out_dir, "gemv_v2.jsonl"), lines=True)
+    # One run's rows (compare within one run only).
+    d = pd.read_json(path, lines=True)
     print("statuses:", d.status.value_counts().to_dict())
     d = d[d.status == "ok"]
     t = d.pivot_table(index=["role", "n", "k"], columns="config", values="p50_us")
     kinds = {c: ("old" if c.startswith("bsgemv") else c.split("_")[0]) for c in t.columns}
-    fams = {"old": ["old"], "pf": ["pf"], "persist": ["persist"], "pf+persist": ["pf", "persist"],
-            "all": ["old", "pf", "persist"]}
+    have = sorted(set(kinds.values()))
+    fams = {**{k: [k] for k in have}, "all": have}
     allbest = t.min(axis=1)
     for role in ("eval", "train"):
         tr = t.loc[role]
@@ -279,6 +310,7 @@ def main() -> int:
     ap.add_argument("--out")
     ap.add_argument("--limit", type=int)
     ap.add_argument("--workers", type=int, default=14)
+    ap.add_argument("--kinds", default="old,pf,persist", help="of " + ",".join(_GRIDS))
     ap.add_argument("--interpret-check", action="store_true")
     ap.add_argument("--summary")
     args = ap.parse_args()
@@ -286,7 +318,7 @@ def main() -> int:
         return interpret_check()
     if args.summary:
         return summary(args.summary)
-    return measure(args.out, args.limit, args.workers)
+    return measure(args.out, args.limit, args.workers, args.kinds.split(","))
 
 
 if __name__ == "__main__":
