@@ -25,7 +25,14 @@ or 8 programs per SM), each correctness-gated against the fp32 reference, then t
 harness's CUDA-graph timer over rotating buffers (>= 2x L2). Weights: the 37 M = 1 evaluation
 weights and every third training weight of the GEMV training lists.
 
-    python benchmarks/explore/fp8bs_gemv_v2.py --out DIR [--limit N]
+Results (benchmarks/results/fp8_blockscale/gemv_v2/, three H200 leases, every row ok): against the
+shipped GEMV's best, PREFETCH 0.93x, persistent 0.83x, ``bits`` (e4m3 decoded by integer bit
+moves) 0.73x, ``half`` (fp16 products of the raw quantised values, summed per 16 bytes, scaled per
+128-wide group in fp32) 1.12-1.13x and best on all 103 weights. The kernel was bound by its
+instructions per weight byte; ``half`` became the GEMV on branch gemv-f16 (models/NOTES.md, "The
+fp8_blockscale GEMV's arithmetic").
+
+    python benchmarks/explore/fp8bs_gemv_v2.py --out DIR [--limit N] [--kinds old,half]
     python benchmarks/explore/fp8bs_gemv_v2.py --interpret-check     # CPU, TRITON_INTERPRET=1
     python benchmarks/explore/fp8bs_gemv_v2.py --summary DIR/gemv_v2.jsonl[.gz]   # CPU, one run's rows
 """
