@@ -53,6 +53,14 @@ from gemm_costmodel.kernels.fp8_blockscale.impl import _gemv_x_scaled
 RES = "benchmarks/results/fp8_blockscale"
 
 
+@triton.jit
+def _w_tile(rows, k, K: tl.constexpr, EVEN_K: tl.constexpr):
+    # The (BLOCK_N, G, 128) weight tile at K offsets k; read once, so evict-first.
+    if EVEN_K:
+        return tl.load(rows + k[None, :, :], eviction_policy="evict_first")
+    return tl.load(rows + k[None, :, :], mask=(k < K)[None, :, :], other=0.0, eviction_policy="evict_first")
+
+
 @triton.jit(do_not_specialize=["M"])
 def bs_gemv2_kernel(a_ptr, b_ptr, as_ptr, bs_ptr, y_ptr, M, N: tl.constexpr, K: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
@@ -73,11 +81,7 @@ def bs_gemv2_kernel(a_ptr, b_ptr, as_ptr, bs_ptr, y_ptr, M, N: tl.constexpr, K: 
         w_rows = b_ptr + (offs_n % N)[:, None, None] * K
         acc = tl.zeros((BLOCK_N, G, 128), dtype=tl.float32)
         if PREFETCH:
-            if EVEN_K:
-                w_next = tl.load(w_rows + kk[None, :, :], eviction_policy="evict_first")
-            else:
-                w_next = tl.load(w_rows + kk[None, :, :], mask=(kk < K)[None, :, :], other=0.0,
-                                 eviction_policy="evict_first")
+            w_next = _w_tile(w_rows, kk, K, EVEN_K)
             for kt in range(0, T):
                 w = w_next
                 k1 = (kt + 1) * BLOCK_K + kk
@@ -97,13 +101,11 @@ def bs_gemv2_kernel(a_ptr, b_ptr, as_ptr, bs_ptr, y_ptr, M, N: tl.constexpr, K: 
             for kt in range(0, T):
                 k = kt * BLOCK_K + kk
                 g = kt * G + offs_g
+                w = _w_tile(w_rows, k, K, EVEN_K)
                 if EVEN_K:
-                    w = tl.load(w_rows + k[None, :, :], eviction_policy="evict_first")
                     av = tl.load(a_ptr + k)
                     s = tl.load(as_ptr + g) * tl.load(bs_row + g)
                 else:
-                    w = tl.load(w_rows + k[None, :, :], mask=(k < K)[None, :, :], other=0.0,
-                                eviction_policy="evict_first")
                     av = tl.load(a_ptr + k, mask=k < K, other=0.0)
                     s = tl.load(as_ptr + g, mask=g < KG, other=0.0) * tl.load(bs_row + g, mask=g < KG, other=0.0)
                 p = w.to(tl.float16) * (av.to(tl.float16) * 0.015625)[None, :, :]
@@ -118,7 +120,7 @@ def bs_gemv2_kernel(a_ptr, b_ptr, as_ptr, bs_ptr, y_ptr, M, N: tl.constexpr, K: 
             wb_rows = w_rows.to(tl.pointer_type(tl.uint8))
             for kt in range(0, T):
                 k = kt * BLOCK_K + kk
-                if EVEN_K:
+                if EVEN_K:  # a byte tile: other=0, not _w_tile's float 0.0
                     wi = tl.load(wb_rows + k[None, :, :], eviction_policy="evict_first")
                 else:
                     wi = tl.load(wb_rows + k[None, :, :], mask=(k < K)[None, :, :], other=0,
@@ -129,12 +131,7 @@ def bs_gemv2_kernel(a_ptr, b_ptr, as_ptr, bs_ptr, y_ptr, M, N: tl.constexpr, K: 
                 acc += wf * (x * 18446744073709551616.0)[None, :, :]
         else:
             for kt in range(0, T):
-                k = kt * BLOCK_K + kk
-                if EVEN_K:
-                    w = tl.load(w_rows + k[None, :, :], eviction_policy="evict_first")
-                else:
-                    w = tl.load(w_rows + k[None, :, :], mask=(k < K)[None, :, :], other=0.0,
-                                eviction_policy="evict_first")
+                w = _w_tile(w_rows, kt * BLOCK_K + kk, K, EVEN_K)
                 x = _gemv_x_scaled(a_ptr, as_ptr, bs_row, 0, K, KG, offs_g, offs_j, kt, BLOCK_K, EVEN_K, 128)
                 acc += w.to(tl.float32) * x[None, :, :]
         if HALF:
@@ -256,6 +253,7 @@ def interpret_check() -> int:
 
 
 def measure(out_dir: str, limit: int | None, workers: int, kinds) -> int:
+    from gemm_costmodel.benchmarks import correctness
     from gemm_costmodel.benchmarks.timing import GraphTimer, copies_for
     from gemm_costmodel.kernels.fp8_blockscale import impl, space
 
@@ -283,22 +281,14 @@ def measure(out_dir: str, limit: int | None, workers: int, kinds) -> int:
                 continue
             rec = {"n": n, "k": k, "role": role, "config": config_id(c), "kind": c[0], "block_n": c[1],
                    "block_k": c[2], "num_warps": c[3], "per_sm": c[4], **prov}
-            try:
-                fn = (lambda c: lambda j: launch(c, copies[j].a, copies[j].b, copies[j].as_, copies[j].bs,
-                                                 copies[j].out, sms))(c)
-                probe.out.fill_(float("nan"))  # a kernel that skips rows cannot pass the gate
-                y = fn(0)
-                torch.cuda.synchronize()
-                err = float((y.float() - ref).norm() / ref.norm())
-                rec["rel_err"] = err
-                if not err <= impl.ERROR_BOUNDS["fp8"]:
-                    rec["status"] = "wrong"
-                else:
-                    t = timer.measure(fn, len(copies))
-                    rec.update(status="ok", p20_us=t.p20_us, p50_us=t.p50_us, p80_us=t.p80_us, stable=t.stable,
-                               tb_s=n * k / t.p50_us / 1e6)
-            except Exception as exc:  # noqa: BLE001 - recorded as the row's status
-                rec.update(status="error", error=f"{type(exc).__name__}: {str(exc)[:300]}")
+            fn = (lambda c: lambda j: launch(c, copies[j].a, copies[j].b, copies[j].as_, copies[j].bs,
+                                             copies[j].out, sms))(c)
+            status, err, why = correctness.gate(None, probe, ref, "fp8", run=lambda: fn(0))
+            rec.update(status=status, rel_err=err, error=why)
+            if status == correctness.STATUS_OK:
+                t = timer.measure(fn, len(copies))
+                rec.update(p20_us=t.p20_us, p50_us=t.p50_us, p80_us=t.p80_us, stable=t.stable,
+                           tb_s=n * k / t.p50_us / 1e6)
             fh.write(json.dumps(rec) + "\n")
         fh.flush()
         del copies, probe, ref
