@@ -78,14 +78,21 @@ require_card() {
 }
 
 # collect_tar RUN OUT WAIT INTERVAL: watch_and_collect the shards written since the driver started
-# into one OUT/shards.tar (a call returns at most 8 files; several GPUs write a shard each), beside
-# OUT/logs.tar.gz. WAIT plus about 40 s of packing must fit in the call's time limit.
+# into OUT/shards.tar (a call returns at most 8 files; several GPUs write a shard each), beside
+# OUT/logs.tar.gz. A tar over 15 MiB is split into OUT/shards.tar.part-aa, -ab, ... (`cat` them
+# back together), because a file over 16 MiB does not come back at all: a four-GPU sweep's 17
+# training shards (about 20 MB) were lost that way. WAIT plus about 40 s of packing must fit in
+# the call's time limit.
 collect_tar() {
     local run="$1" out="$2"
     rm -rf "$run/collect"; mkdir -p "$run/collect"
     watch_and_collect "$run" "$run/collect" "$3" new "$4"
     mv "$run/collect/logs.tar.gz" "$out/" 2>/dev/null
     tar cf "$out/shards.tar" -C "$run/collect" .
+    if [ "$(stat -c %s "$out/shards.tar")" -gt $((15 * 1024 * 1024)) ]; then
+        split -b 15M "$out/shards.tar" "$out/shards.tar.part-" && rm "$out/shards.tar"
+        ls "$out"/shards.tar.part-* | wc -l | xargs echo "shards.tar split into parts:"
+    fi
 }
 
 # sweep_driver RUN OUT WAIT SCRIPT [SHARD...]: the one-driver scheme of the single-sweep drivers.
