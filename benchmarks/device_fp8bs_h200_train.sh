@@ -10,9 +10,9 @@
 #
 #   benchmarks/device_fp8bs_h200_train.sh OUT WAIT ["0/24 1/24 ..."]
 # WAIT plus about 40 s of packing must fit in the call's time limit. SHARDS defaults to the 17
-# the shipped H100 data holds (0-16 of 24). The sweep resumes from the committed shards under
-# benchmarks/results/fp8_blockscale/h200/: let them travel (about 14 MB) when the rest of
-# benchmarks/results/ stays behind. Four H200s measure about four shards in six minutes.
+# the shipped H100 data holds (0-16 of 24). The sweep resumes from the committed shards
+# (datasets/raw/fp8bs-train-h200-*.jsonl.gz): let them travel (about 14 MB) when the rest of
+# datasets/raw/ stays behind. Four H200s measure about four shards in six minutes.
 set -uo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/device_watch.sh"
 out="$1"; wait_s="$2"
@@ -39,5 +39,5 @@ sweep_driver /tmp/fp8bsh200train "$out" "$wait_s" '
     rc=0
     for p in "${pids[@]}"; do wait $p || rc=1; done
     tail -n 5 "$run"/gpu*.err >&2
-    exit $rc' benchmarks/results/fp8_blockscale/h200/fp8bs-train-h200-*.jsonl.gz
+    exit $rc' datasets/raw/fp8bs-train-h200-*.jsonl.gz
 exit 0
