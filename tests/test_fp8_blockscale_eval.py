@@ -129,11 +129,13 @@ def test_shipped_fp8_blockscale_data_is_complete():
 
     df = load_training_frame(op="fp8_blockscale")
     ev = df[df["eval_shape"].astype(bool)]
-    assert ev[["m", "n", "k"]].drop_duplicates().shape[0] == 157
-    # Every evaluation shape has every feasible candidate measured (the oracle is exact).
-    for (m, n, k), g in ev.groupby(["m", "n", "k"]):
+    # The same 157 evaluation shapes on each card whose rows the model learns from.
+    per_gpu = ev.groupby("gpu_name")[["m", "n", "k"]].apply(lambda g: len(g.drop_duplicates()))
+    assert per_gpu.to_dict() == {"NVIDIA H100 80GB HBM3": 157, "NVIDIA H200": 157}
+    # On each card, every evaluation shape has every feasible candidate measured (the oracle is exact).
+    for (gpu, m, n, k), g in ev.groupby(["gpu_name", "m", "n", "k"]):
         want = {c.id for c in S.feasible_configs(S.Problem(int(m), int(n), int(k), "fp8"))}
-        assert want <= set(g["candidate"]), (m, n, k)
+        assert want <= set(g["candidate"]), (gpu, m, n, k)
     assert np.isfinite(ev.loc[ev["status"] == "ok", "p50_us"]).all()
 
 
