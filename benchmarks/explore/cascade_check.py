@@ -9,6 +9,7 @@ for each, how far apart the two picks' whole-model scores are.
     python benchmarks/explore/cascade_check.py [--op moe] [--train 300]
     python benchmarks/explore/cascade_check.py --op fp8_blockscale --train 300
     python benchmarks/explore/cascade_check.py --op gemm --cold 500 --keep 16
+    python benchmarks/explore/cascade_check.py --op fp8_blockscale --train 300 --gpu "NVIDIA H200"
 
 ``--cold N`` adds the cold-decision benchmark's first N problems (``dispatch_cpu``, dense only);
 ``--keep K`` overrides the loaded models' keep (what a registry change would export).
@@ -26,6 +27,7 @@ GPU = "NVIDIA H100 80GB HBM3"
 
 def main() -> int:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--gpu", default=GPU, help="the card whose description the features take (default: %(default)s)")
     ap.add_argument("--op", default="moe", choices=("moe", "fp8_blockscale", "gemm"))
     ap.add_argument("--cold", type=int, default=0, help="the cold-decision benchmark's first N problems too")
     ap.add_argument("--keep", type=int, default=None, help="override the models' keep")
@@ -33,7 +35,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     op = registry.get(args.op)
-    disp = Dispatcher(gpu_name=GPU, op=args.op)
+    disp = Dispatcher(gpu_name=args.gpu, op=args.op)
     dtypes = op.dtypes
     probs = []
     for dtype in dtypes:
