@@ -119,6 +119,40 @@ wait
         assert any(n.endswith("bad-shard00of01.jsonl.gz") for n in tar.getnames())
 
 
+def test_collect_tar_splits_a_tar_over_15_mib_into_parts_that_join_back(tmp_path):
+    # A returned file over 16 MiB does not come back at all (four H200s' 17 training shards,
+    # about 20 MB in one tar, were lost that way): collect_tar splits a tar over 15 MiB into
+    # shards.tar.part-aa, -ab, ... whose concatenation is the tar; a small tar stays whole.
+    if shutil.which("bash") is None or shutil.which("split") is None:
+        pytest.skip("needs bash and split")
+    big = os.urandom(20 * 1024 * 1024)  # random bytes: gzip cannot shrink them under the limit
+    for name, payload in (("big", big), ("small", b"x" * 1000)):
+        run, out = tmp_path / name / "run", tmp_path / name / "out"
+        run.mkdir(parents=True)
+        out.mkdir()
+        (run / "s-shard00of01.jsonl").write_bytes(payload)
+        script = f"""
+set -uo pipefail
+. {HELPER}
+# A stand-in watch: the shard as it is, plus a logs file, as watch_and_collect leaves them.
+watch_and_collect() {{ gzip -c "$1/s-shard00of01.jsonl" > "$2/s-shard00of01.jsonl.gz"; echo l > "$2/logs.tar.gz"; }}
+collect_tar {run} {out} 0 1
+"""
+        res = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        files = sorted(os.listdir(out))
+        if name == "small":
+            assert files == ["logs.tar.gz", "shards.tar"]
+            continue
+        assert files == ["logs.tar.gz", "shards.tar.part-aa", "shards.tar.part-ab"]
+        assert all(os.path.getsize(out / f) <= 15 * 1024 * 1024 for f in files)
+        joined = tmp_path / "joined.tar"
+        joined.write_bytes(b"".join((out / f).read_bytes() for f in files[1:]))
+        with tarfile.open(joined) as tar:
+            got = tar.extractfile([m for m in tar.getmembers() if m.name.endswith(".gz")][0]).read()
+        assert gzip.decompress(got) == big
+
+
 # -- benchmarks/device_tree.sh: the work tree under the device tool's size limit -----------------
 
 TREE = os.path.join(ROOT, "benchmarks", "device_tree.sh")
