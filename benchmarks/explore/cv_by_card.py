@@ -1,6 +1,6 @@
 """Held-out results of a CV's per-shape CSV (`results_family.csv`, or a copy under
-benchmarks/results/picks/) split by card and by M = 1 / M > 1: shapes, hits within 2%, match,
-geomean, p99 and worst of the model's picks.
+benchmarks/results/picks/) split by card and by M = 1 / M > 1: the model's shapes, hits within
+2%, match, geomean, p99 and worst, through the report's own metrics (`evaluate.metrics_table`).
 
     python benchmarks/explore/cv_by_card.py CSV [CSV ...]
 """
@@ -9,19 +9,16 @@ import sys
 import numpy as np
 import pandas as pd
 
+from gemm_costmodel.learning.evaluate import metrics_table
+
 
 def summary(path: str) -> pd.DataFrame:
     d = pd.read_csv(path)
     d = d[d["method"] == "model"]
-    rows = []
-    for gpu, x in d.groupby("gpu_name"):
-        for part, y in (("all", x), ("M = 1", x[x["m"] == 1]), ("M > 1", x[x["m"] > 1])):
-            s = y["slowdown"].to_numpy()
-            rows.append({"gpu": gpu, "part": part, "shapes": len(s), "hits": int((s <= 1.02).sum()),
-                         "match": round(float(np.mean(s <= 1.02)), 3),
-                         "geomean": round(float(np.exp(np.log(s).mean())), 4),
-                         "p99": round(float(np.quantile(s, 0.99)), 3), "max": round(float(s.max()), 3)})
-    return pd.DataFrame(rows)
+    parts = pd.concat([d.assign(part="all"), d[d["m"] == 1].assign(part="M = 1"), d[d["m"] > 1].assign(part="M > 1")])
+    t = metrics_table(parts, by=["gpu_name", "part"])
+    t["hits"] = np.rint(t["match_2pct"] * t["shapes"]).astype(int)
+    return t[["gpu_name", "part", "shapes", "hits", "match_2pct", "geomean_slowdown", "p99_slowdown", "max_slowdown"]].round(4)
 
 
 if __name__ == "__main__":
