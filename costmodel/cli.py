@@ -464,6 +464,34 @@ def cmd_run(args) -> int:
     return cmd_train(args)
 
 
+def cmd_adapt(args) -> int:
+    """Model-guided measurement rounds on this machine's GPU, each followed by a retrain."""
+    from gemm_costmodel import adapt as A
+    from gemm_costmodel import registry
+
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return _fail("no CUDA device: `costmodel adapt` measures on the GPU it adapts to")
+        gpu = args.gpu or torch.cuda.get_device_name()
+        cfg = A.AdaptConfig(op=args.op, gpu_name=gpu, out=args.out, dtypes=tuple(args.dtype or ()),
+                            minutes=args.minutes, problems_per_round=args.problems, top=args.top,
+                            seed=args.seed, data_root=args.root, models=args.models, jobs=args.jobs)
+        state = A.adapt(cfg)
+    except (OSError, ValueError, RuntimeError) as exc:
+        return _fail(str(exc))
+    print(json.dumps({"out": args.out, "models": os.path.join(args.out, "models"), "rounds": len(state.rounds),
+                      "rows": sum(r["rows"] for r in state.rounds), "device_minutes": round(state.device_s / 60, 2)}))
+    if args.heldout:
+        paths = A.base_parquet(registry.get(args.op), args.root, cfg.dtypes) + sorted(
+            glob.glob(os.path.join(args.out, "datasets", "**", "*.parquet"), recursive=True))
+        for dtype, s in A.heldout_on_card(args.op, gpu, paths, jobs=args.jobs, log=print).items():
+            print(f"held out on {gpu}, {dtype}: {s['shapes']} shapes, geomean {s['geomean_slowdown']:.4f}, "
+                  f"within 2% {100 * s['match_2pct']:.1f}%, p99 {s['p99_slowdown']:.3f}")
+    return 0
+
+
 def cmd_select(args) -> int:
     """Print the dispatcher's decision (or top k) for one problem."""
     import warnings
@@ -714,6 +742,26 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--models", default=None, help="model folder (default: the shipped models)")
     v.add_argument("--out", default=None, help="folder for the vLLM files")
     v.set_defaults(func=cmd_export_vllm)
+
+    from gemm_costmodel import registry  # torch-free
+
+    a = sub.add_parser("adapt", help="learn this machine's GPU in minutes: model-guided measurements + retrain "
+                       "(docs/adapting.md)")
+    a.add_argument("--op", required=True, choices=registry.names())
+    a.add_argument("--dtype", nargs="+", default=None, help="default: every dtype of the op")
+    a.add_argument("--minutes", type=float, default=10.0, help="device-minutes to spend measuring (default 10)")
+    a.add_argument("--out", required=True, help="folder for the rows, the model and the state (resumable)")
+    a.add_argument("--gpu", default=None, help="GPU name to record (default: the current device's name)")
+    a.add_argument("--problems", type=int, default=400, help="training problems per round (default 400)")
+    a.add_argument("--top", type=int, default=8, help="the model's best configs measured per problem (default 8)")
+    a.add_argument("--models", default=None, help="the starting model folder (default: the shipped models)")
+    a.add_argument("--root", default="datasets", help="the shipped dataset folder")
+    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--jobs", type=int, default=2, help="xgboost threads")
+    a.add_argument("--heldout", action="store_true",
+                   help="at the end, leave-one-family-out figures on this card's evaluation problems, if the "
+                        "data holds their oracle")
+    a.set_defaults(func=cmd_adapt)
 
     r = sub.add_parser("run", help="main job: evaluate (report) + train + export on the shipped data")
     _model_args(r, report=True, train=True)
