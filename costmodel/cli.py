@@ -587,6 +587,32 @@ def cmd_export_vllm(args) -> int:
     return 0
 
 
+def cmd_results(args) -> int:
+    """Print the results-at-a-glance table from the committed reports, or rewrite its block in a README."""
+    from gemm_costmodel.learning import glance
+
+    if not args.readme:
+        print(glance.table(args.root))
+        return 0
+    try:
+        with open(args.readme, encoding="utf-8") as fh:
+            text = fh.read()
+        new = glance.rewrite(text, args.root)
+    except (OSError, ValueError) as exc:
+        return _fail(f"{args.readme}: {exc}")
+    if args.check:
+        if new != text:
+            return _fail(f"{args.readme}: the results block differs from the reports under {args.root}; "
+                         f"rewrite it: costmodel results --readme {args.readme}")
+        print(f"{args.readme}: the results block matches {args.root}")
+        return 0
+    if new != text:
+        with open(args.readme, "w", encoding="utf-8") as fh:
+            fh.write(new)
+    print(f"{args.readme}: results block {'rewritten' if new != text else 'unchanged'} from {args.root}")
+    return 0
+
+
 def _op_arg(p) -> None:
     from gemm_costmodel import registry  # torch-free
 
@@ -769,6 +795,13 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--models", default=None, help="model folder (default: the shipped models)")
     v.add_argument("--out", default=None, help="folder for the vLLM files")
     v.set_defaults(func=cmd_export_vllm)
+
+    g = sub.add_parser("results", help="the results-at-a-glance table from the reports (every op's held-out "
+                                       "families); --readme rewrites its block in a README")
+    g.add_argument("--root", default="models/report", help="reports' folder (gemm's report.md, <op>/report.md)")
+    g.add_argument("--readme", default=None, help="rewrite the block between the results markers of this file")
+    g.add_argument("--check", action="store_true", help="with --readme: only check; exit 2 if it differs")
+    g.set_defaults(func=cmd_results)
 
     r = sub.add_parser("run", help="main job: evaluate (report) + train + export on the shipped data, into a "
                                    f"work folder (default ./{RUN_OUT}/); about 8 minutes and 5 GiB on 2 cores",
