@@ -701,7 +701,8 @@ def build_parser() -> argparse.ArgumentParser:
     _op_arg(b)
     src = b.add_mutually_exclusive_group()
     src.add_argument("--suite", default="foundation",
-                     help="a shape suite of the op (gemm: foundation, train; fp8_blockscale: train, eval)")
+                     help="a shape suite of the op (gemm: foundation, train; fp8_blockscale: train, eval, gate; "
+                          "moe: train, train_skewed, eval, vllm, gate)")
     src.add_argument("--shapes", help="CSV with columns M,N,K[,dtype]")
     b.add_argument("--dtype", nargs="+", default=["bf16"], choices=["bf16", "fp16", "fp8"])
     b.add_argument("--mode", default="all", help="'all' (evaluation shapes), 'sample:K' (K random Triton configs + cuBLAS), 'variant:NAME[,NAME]' (one variant's configs + cuBLAS) or 'pick:CSV' (the configs a CSV with columns key, candidate lists per problem key + cuBLAS)")
@@ -766,7 +767,10 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--arch", default="sm90")
     x.set_defaults(func=cmd_export)
 
-    q = sub.add_parser("select", help="what the dispatcher picks for one problem (y = x @ w.T, x MxK, w NxK)")
+    q = sub.add_parser("select", help="what the dispatcher picks for one problem (y = x @ w.T, x MxK, w NxK)",
+                       epilog="examples: costmodel select 16 4096 4096 --top 3; costmodel select --op moe 16 1536 "
+                              "2048 --e 128 --top-k 8 --stage gate_up; costmodel select --op fp8_blockscale 1 7168 "
+                              "2048 --dtype fp8")
     _op_arg(q)
     q.add_argument("m", type=int)
     q.add_argument("n", type=int)
@@ -778,7 +782,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--e", type=int, default=1, help="experts (--op moe)")
     q.add_argument("--top-k", type=int, default=1, help="experts per token (--op moe)")
     q.add_argument("--stage", default=None, choices=["gate_up", "down"],
-                   help="--op moe: the stage (gate_up: N = 2 x intermediate, K = hidden; down: N = hidden, K = intermediate)")
+                   help="required with --op moe: the stage (gate_up: N = 2 x intermediate, K = hidden; down: "
+                        "N = hidden, K = intermediate)")
     q.add_argument("--routing", default=None, help="--op moe: routing id (default balanced)")
     q.set_defaults(func=cmd_select)
 
