@@ -9,6 +9,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 
 
 def _fail(msg: str) -> int:
@@ -289,7 +290,19 @@ def _train_config(args):
                        split_low_weight=pick("split_low_weight", "split_low_weight"))
 
 
+def _stage(args, what: str) -> None:
+    """One labelled progress line per long step, with the time since the command started: the
+    main job runs for minutes, and a silent step reads as a hang."""
+    t0 = getattr(args, "_t0", None)
+    if t0 is None:
+        t0 = args._t0 = time.perf_counter()
+    s = int(time.perf_counter() - t0)
+    print(f"[{s // 60}:{s % 60:02d}] {what}", flush=True)
+
+
 def _load_frame(args):
+    _stage(args, f"data: loading {', '.join(args.data) if args.data else args.root + '/'} ({args.op} rows; "
+                 "imports and parquet reading take about half a minute)")
     from gemm_costmodel.learning.pipeline import load_training_frame
 
     return load_training_frame(args.data or None, root=args.root, dtypes=args.dtype, arch=args.arch,
@@ -334,9 +347,11 @@ def cmd_train(args) -> int:
     try:
         # Data that passed validation can still give nothing to learn (no stable row of a
         # dtype, no shape with two candidates): the model code says so with a ValueError.
+        _stage(args, f"train: the final {cfg.formulation} model on every row")
         model = pipeline.train(df, cfg)
         lat = None
         if not args.no_export and cfg.formulation != "log_latency" and args.latency_model:
+            _stage(args, "train: the latency companion (log-latency regression; rank() shows its estimates)")
             lat = pipeline.train(df, pipeline.LATENCY_COMPANION.with_(n_jobs=cfg.n_jobs, seed=cfg.seed))
     except ValueError as exc:
         return _fail(f"cannot train: {exc}")
@@ -344,12 +359,14 @@ def cmd_train(args) -> int:
         _save_booster(model, df, args.booster)
         print(f"booster: {args.booster}")
     if not args.no_export:
+        _stage(args, f"export: the decision model to ONNX in {args.out} (conversion takes about half a minute)")
         pipeline.export_model(model, df, args.out, arch=args.arch, metrics=getattr(args, "metrics_out", None))
         from gemm_costmodel.serving.runtime import model_name
 
         companion = os.path.join(args.out, model_name(args.op, args.arch, "latency"))
         if lat is not None:
             # rank() reports predicted latencies: a small log-latency model annotates the top k.
+            _stage(args, f"export: the latency companion to ONNX in {args.out}")
             pipeline.export_model(lat, df, args.out, arch=args.arch, role="latency")
         else:
             for ext in (".onnx", ".json"):
@@ -417,6 +434,7 @@ def cmd_evaluate(args) -> int:
                 best = pipeline.select_best(comparison)
                 print(f"evaluate: best on validation: {best}")
                 cfg = cfg.with_(**best)
+        _stage(args, f"evaluate: held-out folds ({', '.join(args.schemes)}), a model trained per fold")
         res = pipeline.evaluate(df, cfg, schemes=args.schemes, train_gpus=args.train_gpu)
         fam, rows = res.get("family", (None, None))
         nk, nk_rows = res.get("nk", (None, None))
@@ -428,13 +446,15 @@ def cmd_evaluate(args) -> int:
             from gemm_costmodel.learning.evaluate import cross_validate
 
             lat_cfg = pipeline.LATENCY_COMPANION.with_(n_jobs=cfg.n_jobs, seed=cfg.seed)
+            _stage(args, "evaluate: the latency companion's held-out predictions (for the predicted-vs-measured plot)")
             rows = cross_validate(df, lat_cfg, scheme="family" if fam is not None else "nk", baselines=False,
-                                  train_gpus=args.train_gpu)[1]
+                                  train_gpus=args.train_gpu, log=pipeline._print)[1]
     except ValueError as exc:
         return _fail(f"cannot evaluate: {exc}")
     from gemm_costmodel import registry
 
     main = fam if fam is not None else nk
+    _stage(args, f"report: tables and plots to {args.report}")
     sections = registry.get(args.op).report_sections(main[main["gpu_name"].notna()]) if main is not None else []
     path = report.write_report(args.report, fam, nk, rows, comparison, header=_report_header(df, cfg),
                                extra_sections=sections)
@@ -454,14 +474,49 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
+RUN_OUT = "costmodel-run"  # the default work folder of `costmodel run` (git-ignored)
+
+
+def _written_since(folders, t0: float) -> list[str]:
+    """Files under ``folders`` modified at or after ``t0`` (wall clock), sorted, each once."""
+    out = set()
+    for folder in folders:
+        for root, _, files in os.walk(folder):
+            for f in files:
+                path = os.path.join(root, f)
+                if os.path.getmtime(path) >= t0:
+                    out.add(os.path.normpath(path))
+    return sorted(out)
+
+
 def cmd_run(args) -> int:
     """The main job: held-out evaluation + report, then the final model, exported
-    with the held-out metrics in its manifest."""
+    with the held-out metrics in its manifest. Writes into a work folder (``--out``, default
+    ./costmodel-run/), never over the shipped models/ unless told to, and lists what it wrote."""
+    from gemm_costmodel import registry
+
+    if args.report is None:
+        # The same layout as the shipped reference (models/report/, models/report/<op>/), so the
+        # two can be compared file by file.
+        args.report = os.path.join(args.out, "report", *([] if args.op == registry.DEFAULT_OP else [args.op]))
     args.metrics_out = {}
+    wall0 = time.time() - 1  # mtime granularity: a file written in the first second still counts
+    _stage(args, f"run: {args.op}: evaluate held out, write the report to {args.report}, then train and export "
+                 f"the model to {args.out}")
     rc = cmd_evaluate(args)
     if rc:
         return rc
-    return cmd_train(args)
+    rc = cmd_train(args)
+    if rc:
+        return rc
+    written = _written_since([args.out, args.report], wall0)
+    _stage(args, f"run: done; wrote {len(written)} files:")
+    for path in written:
+        print(f"  {path} ({os.path.getsize(path) / 1e3:,.0f} kB)")
+    shipped = os.path.join("models", "report", *([] if args.op == registry.DEFAULT_OP else [args.op]), "report.md")
+    if os.path.isfile(shipped) and os.path.abspath(args.report) != os.path.abspath(os.path.dirname(shipped)):
+        print(f"the shipped reference: diff {os.path.join(args.report, 'report.md')} {shipped}")
+    return 0
 
 
 def cmd_adapt(args) -> int:
@@ -560,6 +615,32 @@ def cmd_export_vllm(args) -> int:
     return 0
 
 
+def cmd_results(args) -> int:
+    """Print the results-at-a-glance table from the committed reports, or rewrite its block in a README."""
+    from gemm_costmodel.learning import glance
+
+    if not args.readme:
+        print(glance.table(args.root))
+        return 0
+    try:
+        with open(args.readme, encoding="utf-8") as fh:
+            text = fh.read()
+        new = glance.rewrite(text, args.root)
+    except (OSError, ValueError) as exc:
+        return _fail(f"{args.readme}: {exc}")
+    if args.check:
+        if new != text:
+            return _fail(f"{args.readme}: the results block differs from the reports under {args.root}; "
+                         f"rewrite it: costmodel results --readme {args.readme}")
+        print(f"{args.readme}: the results block matches {args.root}")
+        return 0
+    if new != text:
+        with open(args.readme, "w", encoding="utf-8") as fh:
+            fh.write(new)
+    print(f"{args.readme}: results block {'rewritten' if new != text else 'unchanged'} from {args.root}")
+    return 0
+
+
 def _op_arg(p) -> None:
     from gemm_costmodel import registry  # torch-free
 
@@ -648,7 +729,8 @@ def build_parser() -> argparse.ArgumentParser:
     _op_arg(b)
     src = b.add_mutually_exclusive_group()
     src.add_argument("--suite", default="foundation",
-                     help="a shape suite of the op (gemm: foundation, train; fp8_blockscale: train, eval)")
+                     help="a shape suite of the op (gemm: foundation, train; fp8_blockscale: train, eval, gate; "
+                          "moe: train, train_skewed, eval, vllm, gate)")
     src.add_argument("--shapes", help="CSV with columns M,N,K[,dtype]")
     b.add_argument("--dtype", nargs="+", default=["bf16"], choices=["bf16", "fp16", "fp8"])
     b.add_argument("--mode", default="all", help="'all' (evaluation shapes), 'sample:K' (K random Triton configs + cuBLAS), 'variant:NAME[,NAME]' (one variant's configs + cuBLAS) or 'pick:CSV' (the configs a CSV with columns key, candidate lists per problem key + cuBLAS)")
@@ -713,7 +795,10 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--arch", default="sm90")
     x.set_defaults(func=cmd_export)
 
-    q = sub.add_parser("select", help="what the dispatcher picks for one problem (y = x @ w.T, x MxK, w NxK)")
+    q = sub.add_parser("select", help="what the dispatcher picks for one problem (y = x @ w.T, x MxK, w NxK)",
+                       epilog="examples: costmodel select 16 4096 4096 --top 3; costmodel select --op moe 16 1536 "
+                              "2048 --e 128 --top-k 8 --stage gate_up; costmodel select --op fp8_blockscale 1 7168 "
+                              "2048 --dtype fp8")
     _op_arg(q)
     q.add_argument("m", type=int)
     q.add_argument("n", type=int)
@@ -725,7 +810,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--e", type=int, default=1, help="experts (--op moe)")
     q.add_argument("--top-k", type=int, default=1, help="experts per token (--op moe)")
     q.add_argument("--stage", default=None, choices=["gate_up", "down"],
-                   help="--op moe: the stage (gate_up: N = 2 x intermediate, K = hidden; down: N = hidden, K = intermediate)")
+                   help="required with --op moe: the stage (gate_up: N = 2 x intermediate, K = hidden; down: "
+                        "N = hidden, K = intermediate)")
     q.add_argument("--routing", default=None, help="--op moe: routing id (default balanced)")
     q.set_defaults(func=cmd_select)
 
@@ -763,9 +849,24 @@ def build_parser() -> argparse.ArgumentParser:
                         "data holds their oracle")
     a.set_defaults(func=cmd_adapt)
 
-    r = sub.add_parser("run", help="main job: evaluate (report) + train + export on the shipped data")
+
+    g = sub.add_parser("results", help="the results-at-a-glance table from the reports (every op's held-out "
+                                       "families); --readme rewrites its block in a README")
+    g.add_argument("--root", default="models/report", help="reports' folder (gemm's report.md, <op>/report.md)")
+    g.add_argument("--readme", default=None, help="rewrite the block between the results markers of this file")
+    g.add_argument("--check", action="store_true", help="with --readme: only check; exit 2 if it differs")
+    g.set_defaults(func=cmd_results)
+
+    r = sub.add_parser("run", help="main job: evaluate (report) + train + export on the shipped data, into a "
+                                   f"work folder (default ./{RUN_OUT}/); about 8 minutes and 5 GiB on 2 cores",
+                       description="The main job on the shipped data: held-out evaluation against every baseline "
+                                   "(report), then the final model trained on every row and exported to ONNX. "
+                                   f"Writes into --out (default ./{RUN_OUT}/, git-ignored; the report into "
+                                   "OUT/report/, or OUT/report/OP/ for ops other than gemm, the layout of the shipped "
+                                   "models/ folder, which stays the committed reference) and lists what it wrote. "
+                                   "--out models overwrites the shipped models.")
     _model_args(r, report=True, train=True)
-    r.set_defaults(func=cmd_run)
+    r.set_defaults(func=cmd_run, out=RUN_OUT, report=None)
     return ap
 
 

@@ -9,11 +9,14 @@ row: a test shape's family (or (N, K)) contributes no training row.
 from __future__ import annotations
 
 import math
+import sys
+import time
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import pandas as pd
+from tqdm import tqdm
 
 from gemm_costmodel.serving import features as F
 from gemm_costmodel.serving import hardware
@@ -309,10 +312,14 @@ def cross_validate(df: pd.DataFrame, config: TrainConfig, scheme: str = "family"
                          f"{group} with them")
     folds = train_on_gpus(folds, train_gpus)
     frames, rows = [], []
-    for i, fold in enumerate(folds):
+    t0 = time.perf_counter()
+    # A bar with an ETA over the folds (stderr, terminals only: tqdm disables itself elsewhere);
+    # the per-fold lines carry the elapsed time for logs.
+    for i, fold in enumerate(tqdm(folds, desc=f"{scheme} folds", unit="fold", file=sys.stderr,
+                                  disable=None if log else True, leave=False)):
         if log:
-            log(f"[{scheme} {i + 1}/{len(folds)}] hold out {fold.name}: {fold.test['sid'].nunique()} shapes, "
-                f"train on {len(fold.train)} rows")
+            log(f"[{scheme} {i + 1}/{len(folds)}, {time.perf_counter() - t0:.0f} s] hold out {fold.name}: "
+                f"{fold.test['sid'].nunique()} shapes, train on {len(fold.train)} rows")
         model = CostModel(config).fit(fold.train)
         raw = model.score_frame(fold.test)
         scores = {"model": shortlisted(fold.test, raw, model.in_shortlist(fold.test))}

@@ -335,6 +335,12 @@ def merge_boosters(boosters):
     return _load_raw(out)
 
 
+def _label(progress, text: str) -> None:
+    """Name the part being fitted on a progress callback that shows one (pipeline._Progress)."""
+    if progress is not None and hasattr(progress, "label"):
+        progress.label = text
+
+
 class CostModel:
     """Gradient-boosted latency model over the feature registry."""
 
@@ -363,11 +369,13 @@ class CostModel:
             feature = names.index("log2_m")
             threshold = float(np.log2(self.config.split_m + 0.5))
             high = rows if self.config.split_high_rows == "all" else rows[~low]
+            _label(progress, f"M <= {self.config.split_m} trees: ")
             if self.config.split_low_rows == "all":
                 own = np.where(low, self.config.split_low_weight, 1.0)
                 lows = self._boosters(rows, progress, own)
             else:
                 lows = self._boosters(rows[low], progress)
+            _label(progress, f"M > {self.config.split_m} trees: ")
             highs = self._boosters(high, progress)
             boosters = [gate_boosters(lo, hi, feature, threshold) for lo, hi in zip(lows, highs)]
         else:

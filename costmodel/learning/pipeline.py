@@ -9,6 +9,7 @@ manifest lists the dtypes it serves, and the runtime looks models up by
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Callable
 
@@ -25,7 +26,11 @@ Log = Callable[[str], None]
 
 
 def _print(msg: str) -> None:
-    print(msg, flush=True)
+    # tqdm.write: a line printed while a progress bar is shown (the folds') goes above the bar.
+    from tqdm import tqdm
+
+    tqdm.write(msg)
+    sys.stdout.flush()
 
 
 def load_training_frame(paths=None, root: str = "datasets", dtypes=None, arch: str = "sm90",
@@ -82,7 +87,9 @@ def train(df: pd.DataFrame, config: TrainConfig, log: Log = _print) -> CostModel
 
 
 class _Progress:
-    """xgboost callback: a line every 10% of the rounds."""
+    """xgboost callback: a line every 10% of the rounds, labelled with the part being fitted (a model
+    split on M fits its decode trees and the others one after the other: CostModel.fit sets
+    ``label``), its time counted from the part's start."""
 
     def __new__(cls, total: int, log: Log):
         import xgboost as xgb
@@ -91,11 +98,16 @@ class _Progress:
             def __init__(self):
                 super().__init__()
                 self.t0 = time.perf_counter()
+                self.label = ""
+
+            def before_training(self, model):
+                self.t0 = time.perf_counter()
+                return model
 
             def after_iteration(self, model, epoch, evals_log):
                 step = max(total // 10, 1)
                 if (epoch + 1) % step == 0 or epoch + 1 == total:
-                    log(f"  round {epoch + 1}/{total} ({time.perf_counter() - self.t0:.1f} s)")
+                    log(f"  {self.label}round {epoch + 1}/{total} ({time.perf_counter() - self.t0:.1f} s)")
                 return False
 
         return _CB()
