@@ -97,6 +97,11 @@ class TrainConfig:
     # candidates are memory-bound configs whose order turns on a few percent, and few queries.
     decode_weight: float = 1.0
     decode_max_m: int = 4
+    # Weight factor of the queries measured on one card (``weight_gpu``), on top of the others:
+    # adapting to a new card adds a few thousand of its rows to hundreds of thousands of another
+    # card's, and unweighted its queries barely move the splits (costmodel adapt; issue 58).
+    weight_gpu: str = ""
+    gpu_weight: float = 1.0
     # Queries with M <= split_m get trees of their own (0: one model for every M). A ranker fitted
     # over every M shares its trees between decode shapes, where GEMV configs within 1-4% of each
     # other are ordered, and the rest: on the dense family folds the GEMV's rows made the picks at
@@ -131,6 +136,8 @@ class TrainConfig:
             raise ValueError(f"eval_weight must be > 0, got {self.eval_weight!r}")
         if not 0 <= self.vendor_margin < float("inf"):
             raise ValueError(f"vendor_margin must be finite and >= 0, got {self.vendor_margin!r}")
+        if not self.gpu_weight > 0 or not np.isfinite(self.gpu_weight):
+            raise ValueError(f"gpu_weight must be finite and > 0, got {self.gpu_weight!r}")
         if not self.decode_weight > 0 or not np.isfinite(self.decode_weight):
             raise ValueError(f"decode_weight must be finite and > 0, got {self.decode_weight!r}")
         if isinstance(self.decode_max_m, bool) or not isinstance(self.decode_max_m, int) or self.decode_max_m < 1:
@@ -407,6 +414,9 @@ class CostModel:
         dm = xgb.DMatrix(X, label=y)
         weight = np.where(rows["eval_shape"].astype(bool).to_numpy(), self.config.eval_weight, 1.0)
         weight = weight * np.where(rows["m"].to_numpy() <= self.config.decode_max_m, self.config.decode_weight, 1.0)
+        if self.config.weight_gpu and self.config.gpu_weight != 1.0:
+            on_card = rows["gpu_name"].astype(str).to_numpy() == self.config.weight_gpu
+            weight = weight * np.where(on_card, self.config.gpu_weight, 1.0)
         if factor is not None:
             weight = weight * np.asarray(factor, dtype=float)
         if self.config.formulation == "rank":
