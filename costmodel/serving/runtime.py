@@ -629,11 +629,13 @@ class Dispatcher:
                 return [Choice(ct.ids[scored[i]], "model", score=float(si), estimate=lat.item(r))
                         for r, (i, si) in enumerate(zip(order, s))]
             except Exception as exc:  # noqa: BLE001 - the serving path never raises for a model problem
-                reason = f"model scoring failed ({type(exc).__name__}: {str(exc)[:120]})"
-                self.fallback_reasons[dtype] = reason
-                self._warn_once(reason)
-                with self._model_lock:
-                    self._models[dtype] = None
+                # One request the model could not score (e.g. a MemoryError on a huge one) says
+                # nothing about the next: only this decision comes from the heuristic, the model
+                # stays loaded, and the warning names this request (issue 57, row 1).
+                what = f"M={m}, N={n}, K={k}, {dtype}" + (f", E={e}, top_k={top_k}" if not self._op.fixed else "") \
+                    + "".join(f", {f}={v!r}" for f, v in zip(self._extra_names, extra))
+                self._warn_once(f"model scoring failed for {self.op} {what} ({type(exc).__name__}: "
+                                f"{str(exc)[:120]}); this decision only, the model stays in use")
         sm = self.spec.sm_count if self.spec else 132
         # An op without pinned E and top_k (MoE) passes them to its rule.
         kw = {} if self._op.fixed else {"e": e, "top_k": top_k}
