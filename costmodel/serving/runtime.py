@@ -448,6 +448,8 @@ class Dispatcher:
         else:
             self._vendor_reason = (f"{self.gpu_name!r} is {self.arch}: Triton candidate spaces exist only for "
                                    f"{', '.join(sorted(archs))}")
+        self._warned: set[str] = set()
+        self.fallback_reasons: dict[str, str] = {}
         self._tuned: dict[tuple, str] = {}
         if tuned_table is not None:
             self.add_tuned_table(tuned_table)
@@ -459,8 +461,6 @@ class Dispatcher:
         self._featurizers: dict[tuple, F.CandidateFeatures] = {}
         self._latency_models: dict[str, _OnnxModel | None] = {}
         self._model_lock = threading.Lock()
-        self._warned: set[str] = set()
-        self.fallback_reasons: dict[str, str] = {}
         for dtype, pairs in (precompute or {}).items():
             self.precompute(pairs, dtype)
 
@@ -528,6 +528,7 @@ class Dispatcher:
             registry.DEFAULT_OP
         registry.get(op)
         entries = {k: v for k, v in entries.items() if k != "op"}
+        unknown: set[str] = set()
         for key, cid in entries.items():
             cid = cid["candidate"] if isinstance(cid, dict) else cid
             try:
@@ -536,9 +537,30 @@ class Dispatcher:
             except ValueError:
                 raise ValueError(f"tuned table key {key!r}: expected '<dtype>:<M>x<N>x<K>'") from None
             self._tuned[(op, m, n, k, dtype, 1, 1)] = str(cid)
+            if not self._known_id(op, dtype, str(cid)):
+                unknown.add(str(cid))
+        if unknown:
+            # An id this GPU cannot run (a typo, another op's or arch's config) is never served:
+            # say so once, naming them, rather than ignoring the entries silently (issue 57, row 11).
+            names = sorted(unknown)
+            self._warn_once(f"tuned table: {len(names)} config id(s) are not candidates of {op} on "
+                            f"{self.gpu_name!r} ({self.space_arch or 'vendor only'}) and are ignored: "
+                            f"{', '.join(names[:8])}{' ...' if len(names) > 8 else ''}",
+                            to="the model or heuristic for their entries")
         with getattr(self, "_lock", threading.Lock()):
             if hasattr(self, "_cache"):
                 self._cache.clear()
+
+    def _known_id(self, op: str, dtype: str, cid: str) -> bool:
+        """Whether a tuned table's id is a candidate this dispatcher could serve for (op, dtype)."""
+        if op != self.op:
+            return True  # another op's table never answers here: nothing to warn about
+        if self.space_arch is None:
+            return cid in self._op.vendor_ids
+        try:
+            return cid in candidate_table(self.space_arch, dtype, self.op).index
+        except ValueError:  # no candidates for the dtype on this arch (fp8 without fp8 tensor cores)
+            return False
 
     # -- decisions ---------------------------------------------------------------------
     def _check_runnable(self, n, k, dtype) -> None:
@@ -723,9 +745,10 @@ class Dispatcher:
         self._op.check_fixed({"e": e, "top_k": top_k})
         extra = self._extra(fields) if fields or self._extra_names else ()
         self._check_extra(m, n, k, dtype, e, top_k, extra)
-        if type(count) is not int or count < 1:
+        # numpy ints are ints here as in select's fields; bools are not counts.
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
             raise ValueError(f"count must be an int >= 1, got {count!r}")
-        return self._decide(int(m), int(n), int(k), dtype, int(e), int(top_k), count=count, extra=extra)
+        return self._decide(int(m), int(n), int(k), dtype, int(e), int(top_k), count=int(count), extra=extra)
 
     def warm_up(self, dtypes=("bf16", "fp16", "fp8")) -> list[str]:
         """Pay now what each dtype's first decision would otherwise pay once per process: the model's
