@@ -578,6 +578,22 @@ class Dispatcher:
             raise ValueError(f"K and N must be multiples of 16 for fp8 on {where}, where torch._scaled_mm is the "
                              f"only candidate; got K={k}, N={n}")
 
+    def _vendor_infeasible(self, vendor, m, n, k, dtype, e, top_k, extra) -> str:
+        """Why the op's vendor candidate cannot run this problem on a GPU without a candidate space
+        ('' when it can): the op's own check_feasible, under an arch whose space lists the vendor.
+        A vendor that some space leaves out for this dtype (MoE's grouped_mm and the block-scaled
+        cuBLASLt GEMM are sm90-only) is arch-specific, so it is not assumed to run on another arch."""
+        space = self._op.space_module()
+        listed = [a for a in sorted(space.ARCHS) if vendor in {c.id for c in self._op.configs(a, dtype)}]
+        if not listed:
+            return f"the op's config spaces offer it for no arch with dtype {dtype}"
+        if len(listed) < len(space.ARCHS):
+            return f"it is offered for {', '.join(listed)} only"
+        problem = self._op.problem(m=m, n=n, k=k, dtype=dtype, e=e, top_k=top_k,
+                                   **dict(zip(self._extra_names, extra)))
+        ok, why = self._op.check_feasible(space.config_from_id(vendor), problem, listed[0])
+        return "" if ok else why
+
     def _feasible(self, m, n, k, dtype):
         ct = candidate_table(self.space_arch, dtype, self.op)
         return ct, np.flatnonzero(ct.feasible_mask(m, n, k))
@@ -624,8 +640,14 @@ class Dispatcher:
         self._check_runnable(n, k, dtype)
         tuned = self._tuned.get((self.op, m, n, k, dtype, e, top_k, *extra))
         if self.space_arch is None:
-            # No candidate space for this arch: the vendor library is the one candidate known to run.
+            # No candidate space for this arch: the vendor library is the one candidate, if the op's
+            # own feasibility rules let it run this problem; else no candidate does (issue 57, row 3).
             vendor = self._op.vendor_ids[0]
+            why = self._vendor_infeasible(vendor, m, n, k, dtype, e, top_k, extra)
+            if why:
+                raise ValueError(f"no feasible {self.op} candidate for M={m}, N={n}, K={k}, {dtype} on "
+                                 f"{self.gpu_name!r} ({self.arch or 'arch unknown'}): no Triton candidate space "
+                                 f"for its arch, and the vendor library ({vendor}) cannot run it: {why}")
             if count == 1 and tuned == vendor:
                 return [Choice(vendor, "table")]
             self.fallback_reasons.setdefault(dtype, self._vendor_reason)
@@ -633,6 +655,9 @@ class Dispatcher:
             return [Choice(vendor, "vendor")]
         ct = candidate_table(self.space_arch, dtype, self.op)
         mask = ct.feasible_mask(m, n, k)
+        if not mask.any():
+            raise ValueError(f"no feasible {self.op} candidate for M={m}, N={n}, K={k}, {dtype} on {self.gpu_name!r} "
+                             f"({self.space_arch}): every config of its space breaks a feasibility rule")
         if count == 1 and tuned is not None and tuned in ct.index and mask[ct.index[tuned]]:
             return [Choice(tuned, "table")]
         model = self.model_for(dtype)
