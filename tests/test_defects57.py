@@ -161,3 +161,51 @@ def test_d11_unknown_tuned_ids_warn_once_naming_them():
     msgs = [str(r.message) for r in rec if issubclass(r.category, DispatchWarning)]
     assert len(msgs) == 1 and "are ignored: bogus_id" in msgs[0] and "tiled_m128" not in msgs[0]
     assert d.select(4, 4096, 4096, "fp16").source == "table"
+
+
+# -- row 5: GPU lookup by exact name, shared memory per block in feasibility ---------------------
+
+def test_d05_a1000_is_not_an_a100(monkeypatch):
+    from gemm_costmodel.serving import runtime
+
+    name = "NVIDIA RTX A1000 6GB Laptop GPU"
+    assert H.lookup(name) is None and H.lookup("NVIDIA A100-SXM4-80GB").name == "A100"
+    monkeypatch.setattr(runtime, "current_gpu_capability", lambda n: None)
+    monkeypatch.setattr(runtime, "current_gpu_properties", lambda n: None)
+    d = Dispatcher(gpu_name=name)
+    assert d.spec is None and d.space_arch is None
+    # Measured as the current device (sm86, 99 KiB per block): still no sm80 space, the vendor runs.
+    monkeypatch.setattr(runtime, "current_gpu_capability", lambda n: (8, 6) if n == name else None)
+    monkeypatch.setattr(runtime, "current_gpu_properties",
+                        lambda n: {"sm_count": 16, "smem_per_block": 101376, "l2_bytes": 2 << 20} if n == name else None)
+    d = Dispatcher(gpu_name=name)
+    assert d.arch == "sm86" and d.space_arch is None and d.smem_per_block == 101376
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DispatchWarning)
+        assert d.select(64, 4096, 4096, "bf16").candidate == "cublas"
+
+
+def test_d05_picks_fit_the_cards_shared_memory(monkeypatch):
+    from gemm_costmodel.serving import runtime
+    from gemm_costmodel.serving.candidates import table
+
+    # An sm80 card with the 100 KiB SM of sm86: 99 KiB per block, not the sm80 space's 163.
+    H.register(H.GpuSpec("small-smem", "Imaginary S1", "sm80", 108, 100, 40, 312, 0, 2039))
+    d = Dispatcher(gpu_name="NVIDIA Imaginary S1")
+    assert d.smem_per_block == 99 * 1024
+    ct = table("sm80", "bf16")
+    big = {cid for cid, b in zip(ct.ids, ct.smem) if b > 99 * 1024}
+    assert big  # the sm80 space has configs that need more
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DispatchWarning)
+        for m, n, k in ((4096, 4096, 4096), (256, 8192, 8192), (16, 4096, 4096)):
+            assert d.select(m, n, k, "bf16").candidate not in big
+            assert not big & {c.candidate for c in d.rank(m, n, k, "bf16", count=1000)}
+    # Measured numbers of an unknown current device bound it the same way.
+    monkeypatch.setattr(runtime, "current_gpu_capability", lambda n: (8, 0))
+    monkeypatch.setattr(runtime, "current_gpu_properties",
+                        lambda n: {"sm_count": 20, "smem_per_block": 99 * 1024, "l2_bytes": None})
+    d = Dispatcher(gpu_name="NVIDIA Imaginary S2")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DispatchWarning)
+        assert d.space_arch == "sm80" and d.select(4096, 4096, 4096, "bf16").candidate not in big

@@ -185,6 +185,26 @@ def current_gpu_capability(gpu_name: str) -> tuple[int, int] | None:
     return None
 
 
+def current_gpu_properties(gpu_name: str) -> dict | None:
+    """The current CUDA device's measured numbers if it is named gpu_name, else None: its SM count,
+    opt-in shared memory per block (bytes) and L2 (bytes), from torch.cuda.get_device_properties, for a
+    GPU missing from the hardware table (torch imported lazily)."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            dev = torch.cuda.current_device()
+            if torch.cuda.get_device_name(dev) == gpu_name:
+                p = torch.cuda.get_device_properties(dev)
+                return {"sm_count": int(p.multi_processor_count),
+                        "smem_per_block": int(getattr(p, "shared_memory_per_block_optin", 0)
+                                              or getattr(p, "shared_memory_per_block", 0)) or None,
+                        "l2_bytes": int(getattr(p, "L2_cache_size", 0)) or None}
+    except Exception:  # noqa: BLE001 - no torch or no driver: nothing to ask
+        pass
+    return None
+
+
 def arch_of_capability(capability: tuple[int, int]) -> str:
     """'sm<major><minor>', the arch naming of the hardware table and the config spaces: (9, 0) -> 'sm90'."""
     major, minor = capability
@@ -432,6 +452,14 @@ class Dispatcher:
         self.threads = threads
         self.spec = hardware.lookup(self.gpu_name)
         capability = None if self.spec is not None else current_gpu_capability(self.gpu_name)
+        # Measured numbers of a GPU missing from the table (the current device only): its shared
+        # memory per block bounds the candidates, its SM count feeds the fallback rule.
+        self.measured = None if self.spec is not None else current_gpu_properties(self.gpu_name)
+        # Configs needing more shared memory per block than this card has cannot launch: masked
+        # (None: unknown, the arch space's own bound applies).
+        self.smem_per_block = (hardware.smem_per_block(self.spec) if self.spec is not None
+                               else (self.measured or {}).get("smem_per_block"))
+        self._smem_ok: dict[tuple, np.ndarray] = {}
         self.arch = self.spec.arch if self.spec else (arch_of_capability(capability) if capability else None)
         # The arch whose candidate space this GPU runs, or None: then only the vendor library is offered.
         # Exact match only: sm86/sm89 have less shared memory than the sm80 space assumes.
@@ -594,9 +622,21 @@ class Dispatcher:
         ok, why = self._op.check_feasible(space.config_from_id(vendor), problem, listed[0])
         return "" if ok else why
 
+    def _mask(self, ct, m, n, k) -> np.ndarray:
+        """The table's feasibility mask for (m, n, k), less the configs needing more shared memory
+        per block than this GPU has."""
+        mask = ct.feasible_mask(m, n, k)
+        if self.smem_per_block is None:
+            return mask
+        key = (ct.arch, ct.dtype, ct.op)
+        ok = self._smem_ok.get(key)
+        if ok is None:
+            ok = self._smem_ok[key] = ct.smem <= self.smem_per_block
+        return mask & ok
+
     def _feasible(self, m, n, k, dtype):
         ct = candidate_table(self.space_arch, dtype, self.op)
-        return ct, np.flatnonzero(ct.feasible_mask(m, n, k))
+        return ct, np.flatnonzero(self._mask(ct, m, n, k))
 
     def _scored(self, model, ct, mask, m) -> np.ndarray:
         """Table indices the model scores: the feasible candidates of M's shortlist, or every feasible
@@ -654,7 +694,7 @@ class Dispatcher:
             self._warn_once(self._vendor_reason, to=f"the vendor library ({vendor})")
             return [Choice(vendor, "vendor")]
         ct = candidate_table(self.space_arch, dtype, self.op)
-        mask = ct.feasible_mask(m, n, k)
+        mask = self._mask(ct, m, n, k)
         if not mask.any():
             raise ValueError(f"no feasible {self.op} candidate for M={m}, N={n}, K={k}, {dtype} on {self.gpu_name!r} "
                              f"({self.space_arch}): every config of its space breaks a feasibility rule")
@@ -683,7 +723,7 @@ class Dispatcher:
                     + "".join(f", {f}={v!r}" for f, v in zip(self._extra_names, extra))
                 self._warn_once(f"model scoring failed for {self.op} {what} ({type(exc).__name__}: "
                                 f"{str(exc)[:120]}); this decision only, the model stays in use")
-        sm = self.spec.sm_count if self.spec else 132
+        sm = self.spec.sm_count if self.spec else (self.measured or {}).get("sm_count", 132)
         # An op without pinned E and top_k (MoE) passes them to its rule.
         kw = {} if self._op.fixed else {"e": e, "top_k": top_k}
         idx = np.flatnonzero(mask)
