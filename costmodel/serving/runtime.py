@@ -719,16 +719,37 @@ class Dispatcher:
                 # One request the model could not score (e.g. a MemoryError on a huge one) says
                 # nothing about the next: only this decision comes from the heuristic, the model
                 # stays loaded, and the warning names this request (issue 57, row 1).
-                what = f"M={m}, N={n}, K={k}, {dtype}" + (f", E={e}, top_k={top_k}" if not self._op.fixed else "") \
-                    + "".join(f", {f}={v!r}" for f, v in zip(self._extra_names, extra))
-                self._warn_once(f"model scoring failed for {self.op} {what} ({type(exc).__name__}: "
-                                f"{str(exc)[:120]}); this decision only, the model stays in use")
+                # A model that cannot score even a small problem of the same kind is broken (say
+                # an input name it does not have): that is process-wide, as a load failure is.
+                problem = f"{type(exc).__name__}: {str(exc)[:120]}"
+                if not self._model_scores(model, ct, dtype, n, k, e, top_k, extra):
+                    reason = f"model scoring failed ({problem})"
+                    self.fallback_reasons[dtype] = reason
+                    self._warn_once(reason)
+                    with self._model_lock:
+                        self._models[dtype] = None
+                else:
+                    what = f"M={m}, N={n}, K={k}, {dtype}" + (f", E={e}, top_k={top_k}" if not self._op.fixed else "") \
+                        + "".join(f", {f}={v!r}" for f, v in zip(self._extra_names, extra))
+                    self._warn_once(f"model scoring failed for {self.op} {what} ({problem}); this decision only, "
+                                    "the model stays in use")
         sm = self.spec.sm_count if self.spec else (self.measured or {}).get("sm_count", 132)
         # An op without pinned E and top_k (MoE) passes them to its rule.
         kw = {} if self._op.fixed else {"e": e, "top_k": top_k}
         idx = np.flatnonzero(mask)
         i = self._op.fallback_rule()(m, n, k, sm, ct.candidate_dicts(idx), **kw)
         return [Choice(ct.ids[idx[i]], "heuristic")]
+
+    def _model_scores(self, model, ct, dtype, n, k, e, top_k, extra) -> bool:
+        """Whether the model scores the M = 1 problem of the same (N, K, E, top_k, stage) with the
+        balanced routing: the probe that tells a broken model from one request it cannot score."""
+        probe = tuple("balanced" if f == "routing" else v for f, v in zip(self._extra_names, extra))
+        try:
+            idx = np.flatnonzero(self._mask(ct, 1, n, k))
+            model.best(self._features(ct, idx, 1, n, k, dtype, e, top_k, probe), idx, 1)
+            return True
+        except Exception:  # noqa: BLE001 - any failure of the probe means the model is unusable
+            return False
 
     def _extra(self, fields: dict) -> tuple:
         """The op's extra problem fields (MoE: stage, routing) in order; ValueError naming a missing
