@@ -86,7 +86,14 @@ class OpSpec:
         kw = {}
         for f in self.problem_fields:
             v = row[f]
-            kw[f] = v if isinstance(v, str) else int(v)
+            if isinstance(v, str):
+                kw[f] = v
+                continue
+            try:
+                kw[f] = int(v)
+            except (TypeError, ValueError):  # None, a list, an array: name the field, not int()'s complaint
+                raise ValueError(f"{f} must be {'a str' if f in ('dtype', 'stage', 'routing') else 'an int'}, "
+                                 f"got {type(v).__name__} {v!r}"[:200]) from None
         return self.space_module().Problem(**kw)
 
     def extra_problem_fields(self) -> tuple[str, ...]:

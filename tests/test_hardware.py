@@ -51,7 +51,8 @@ def test_unknown_gpu():
 def test_register_adds_a_gpu_first():
     spec = H.GpuSpec("X1", "IMAGINARY GPU X1", "sm90", 100, 228, 40, 500, 1000, 3000)
     H.register(spec)
-    assert H.lookup("Imaginary GPU X1 64GB") == spec
+    assert H.lookup("NVIDIA Imaginary  GPU X1") == spec  # exact name, normalised
+    assert H.lookup("Imaginary GPU X1 64GB") is None  # never a substring (issue 57, row 5)
     assert H.known_gpus()[0] == spec
     # Precedence over the built-in table: a registered 'H200' override wins.
     over = H.GpuSpec("H200 custom", "H200", "sm90", 1, 1, 1, 1, 1, 1)

@@ -46,6 +46,9 @@ class CandidateTable:
         self.variant_code = np.array([VARIANT_CODES[c.variant] for c in self.configs], dtype=np.float64)
         self.variants = [c.variant for c in self.configs]
         self.space_hash = G.space_hash(self.configs)
+        # Shared memory each config needs: a GPU with less per block than its arch's space assumes
+        # cannot launch it (the runtime masks those; issue 57, row 5).
+        self.smem = np.array([G.smem_bytes(c, dtype) for c in self.configs], dtype=np.int64)
         self._arrays = G.ConfigArrays(self.configs)
 
     def __len__(self) -> int:

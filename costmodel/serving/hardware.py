@@ -15,7 +15,9 @@ from dataclasses import asdict, dataclass, fields
 
 @dataclass(frozen=True)
 class GpuSpec:
-    """One GPU model. ``match`` is a case-insensitive substring of the device name."""
+    """One GPU model. ``match`` is its CUDA device name, or several separated by '|', compared
+    exactly after normalising (case, runs of spaces, a leading 'NVIDIA '): never as a substring,
+    since 'NVIDIA RTX A1000 6GB Laptop GPU' contains 'A100' (issue 57, row 5)."""
 
     name: str
     match: str
@@ -36,17 +38,16 @@ class GpuSpec:
         return self.tflops_16bit
 
 
-# Order matters: the first spec whose `match` is in the name wins, so the more
-# specific names (H100 PCIe, H100 NVL) come before the generic H100 (SXM), and
-# GH200 before H200 (every GH200 name contains 'H200').
+# The device names torch.cuda.get_device_name reports for each (the driver's names).
 _GPUS: list[GpuSpec] = [
-    GpuSpec("GH200", "GH200", "sm90", 132, 228, 60, 989, 1979, 4000),
+    GpuSpec("GH200", "GH200 480GB|GH200 144G HBM3e|GH200", "sm90", 132, 228, 60, 989, 1979, 4000),
     GpuSpec("H200", "H200", "sm90", 132, 228, 60, 989, 1979, 4800),
     GpuSpec("H20", "H20", "sm90", 78, 228, 60, 148, 296, 4000),
-    GpuSpec("H100 PCIe", "H100 PCIE", "sm90", 114, 228, 50, 756, 1513, 2000),
+    GpuSpec("H100 PCIe", "H100 PCIe", "sm90", 114, 228, 50, 756, 1513, 2000),
     GpuSpec("H100 NVL", "H100 NVL", "sm90", 132, 228, 50, 835, 1671, 3900),
-    GpuSpec("H100 SXM", "H100", "sm90", 132, 228, 50, 989, 1979, 3350),
-    GpuSpec("A100", "A100", "sm80", 108, 164, 40, 312, 0, 2039),
+    GpuSpec("H100 SXM", "H100 80GB HBM3|H100 SXM5 80GB|H100 SXM|H100", "sm90", 132, 228, 50, 989, 1979, 3350),
+    GpuSpec("A100", "A100-SXM4-80GB|A100-SXM4-40GB|A100-PCIE-40GB|A100-PCIE-80GB|A100 80GB PCIe|A100-SXM-80GB|A100",
+            "sm80", 108, 164, 40, 312, 0, 2039),
     GpuSpec("L40S", "L40S", "sm89", 142, 100, 96, 362, 733, 864),
 ]
 
@@ -110,15 +111,28 @@ def known_gpus() -> list[GpuSpec]:
     return _extra_specs() + list(_GPUS)
 
 
+def normalise_name(gpu_name: str) -> str:
+    """A device name as lookup compares it: upper case, single spaces, no leading 'NVIDIA '."""
+    up = " ".join(gpu_name.upper().split())
+    return up[len("NVIDIA "):] if up.startswith("NVIDIA ") else up
+
+
 def lookup(gpu_name: str) -> GpuSpec | None:
-    """The spec whose `match` occurs in gpu_name (case-insensitive), or None."""
+    """The first spec (known_gpus order) one of whose '|'-separated ``match`` names is gpu_name after
+    normalise_name, or None. Exact names only: an unknown card is never taken for a known one."""
     if not isinstance(gpu_name, str):
         raise ValueError(f"gpu_name must be a str (a CUDA device name), got {type(gpu_name).__name__} {gpu_name!r}")
-    up = gpu_name.upper()
+    want = normalise_name(gpu_name)
     for spec in known_gpus():
-        if spec.match.upper() in up:
+        if any(normalise_name(n) == want for n in spec.match.split("|")):
             return spec
     return None
+
+
+def smem_per_block(spec: GpuSpec) -> int:
+    """Largest shared memory one program may use (opt-in), bytes: the SM's minus the 1 KiB the
+    driver reserves per block (H100 228 -> 227 KiB, A100 164 -> 163 KiB, sm86/sm89 100 -> 99 KiB)."""
+    return int((spec.smem_per_sm_kb - 1) * 1024)
 
 
 def spec_for(gpu_name: str) -> GpuSpec:

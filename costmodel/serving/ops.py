@@ -121,9 +121,19 @@ def _(x, w):
     return x.new_empty((x.shape[0], w.shape[0]))
 
 
+def _run_fp8(x, w, scale_a, scale_b) -> torch.Tensor:
+    # The launchers apply scale_a and scale_b only to fp8 operands (launch_args): bf16/fp16 ones
+    # would come back unscaled, a silently wrong y (issue 57, row 4), so they are refused here.
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.float8_e4m3fn:
+        got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"x must be float8_e4m3fn for gemm_fp8 (its scales apply to fp8 operands only), got {got}; "
+                         "use gemm for bf16/fp16 operands")
+    return _run(x, w, scale_a, scale_b)
+
+
 @torch.library.custom_op("gemm_costmodel::gemm_fp8", mutates_args=())
 def _gemm_fp8_op(x: torch.Tensor, w: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor) -> torch.Tensor:
-    return _run(x, w, scale_a, scale_b)
+    return _run_fp8(x, w, scale_a, scale_b)
 
 
 @_gemm_fp8_op.register_fake
@@ -146,7 +156,7 @@ def gemm_fp8(x: torch.Tensor, w: torch.Tensor, scale_a: torch.Tensor, scale_b: t
     """y = (x @ w.T) * scale_a * scale_b in bf16, for fp8 e4m3 x (M, K), w (N, K) and fp32 scalar scales."""
     if torch.compiler.is_compiling():
         return torch.ops.gemm_costmodel.gemm_fp8(x, w, scale_a, scale_b)
-    return _run(x, w, scale_a, scale_b)
+    return _run_fp8(x, w, scale_a, scale_b)
 
 
 # -- block-scaled fp8 (op fp8_blockscale) -----------------------------------------------

@@ -185,6 +185,26 @@ def current_gpu_capability(gpu_name: str) -> tuple[int, int] | None:
     return None
 
 
+def current_gpu_properties(gpu_name: str) -> dict | None:
+    """The current CUDA device's measured numbers if it is named gpu_name, else None: its SM count,
+    opt-in shared memory per block (bytes) and L2 (bytes), from torch.cuda.get_device_properties, for a
+    GPU missing from the hardware table (torch imported lazily)."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            dev = torch.cuda.current_device()
+            if torch.cuda.get_device_name(dev) == gpu_name:
+                p = torch.cuda.get_device_properties(dev)
+                return {"sm_count": int(p.multi_processor_count),
+                        "smem_per_block": int(getattr(p, "shared_memory_per_block_optin", 0)
+                                              or getattr(p, "shared_memory_per_block", 0)) or None,
+                        "l2_bytes": int(getattr(p, "L2_cache_size", 0)) or None}
+    except Exception:  # noqa: BLE001 - no torch or no driver: nothing to ask
+        pass
+    return None
+
+
 def arch_of_capability(capability: tuple[int, int]) -> str:
     """'sm<major><minor>', the arch naming of the hardware table and the config spaces: (9, 0) -> 'sm90'."""
     major, minor = capability
@@ -432,6 +452,14 @@ class Dispatcher:
         self.threads = threads
         self.spec = hardware.lookup(self.gpu_name)
         capability = None if self.spec is not None else current_gpu_capability(self.gpu_name)
+        # Measured numbers of a GPU missing from the table (the current device only): its shared
+        # memory per block bounds the candidates, its SM count feeds the fallback rule.
+        self.measured = None if self.spec is not None else current_gpu_properties(self.gpu_name)
+        # Configs needing more shared memory per block than this card has cannot launch: masked
+        # (None: unknown, the arch space's own bound applies).
+        self.smem_per_block = (hardware.smem_per_block(self.spec) if self.spec is not None
+                               else (self.measured or {}).get("smem_per_block"))
+        self._smem_ok: dict[tuple, np.ndarray] = {}
         self.arch = self.spec.arch if self.spec else (arch_of_capability(capability) if capability else None)
         # The arch whose candidate space this GPU runs, or None: then only the vendor library is offered.
         # Exact match only: sm86/sm89 have less shared memory than the sm80 space assumes.
@@ -448,6 +476,8 @@ class Dispatcher:
         else:
             self._vendor_reason = (f"{self.gpu_name!r} is {self.arch}: Triton candidate spaces exist only for "
                                    f"{', '.join(sorted(archs))}")
+        self._warned: set[str] = set()
+        self.fallback_reasons: dict[str, str] = {}
         self._tuned: dict[tuple, str] = {}
         if tuned_table is not None:
             self.add_tuned_table(tuned_table)
@@ -459,8 +489,6 @@ class Dispatcher:
         self._featurizers: dict[tuple, F.CandidateFeatures] = {}
         self._latency_models: dict[str, _OnnxModel | None] = {}
         self._model_lock = threading.Lock()
-        self._warned: set[str] = set()
-        self.fallback_reasons: dict[str, str] = {}
         for dtype, pairs in (precompute or {}).items():
             self.precompute(pairs, dtype)
 
@@ -528,6 +556,7 @@ class Dispatcher:
             registry.DEFAULT_OP
         registry.get(op)
         entries = {k: v for k, v in entries.items() if k != "op"}
+        unknown: set[str] = set()
         for key, cid in entries.items():
             cid = cid["candidate"] if isinstance(cid, dict) else cid
             try:
@@ -536,9 +565,30 @@ class Dispatcher:
             except ValueError:
                 raise ValueError(f"tuned table key {key!r}: expected '<dtype>:<M>x<N>x<K>'") from None
             self._tuned[(op, m, n, k, dtype, 1, 1)] = str(cid)
+            if not self._known_id(op, dtype, str(cid)):
+                unknown.add(str(cid))
+        if unknown:
+            # An id this GPU cannot run (a typo, another op's or arch's config) is never served:
+            # say so once, naming them, rather than ignoring the entries silently (issue 57, row 11).
+            names = sorted(unknown)
+            self._warn_once(f"tuned table: {len(names)} config id(s) are not candidates of {op} on "
+                            f"{self.gpu_name!r} ({self.space_arch or 'vendor only'}) and are ignored: "
+                            f"{', '.join(names[:8])}{' ...' if len(names) > 8 else ''}",
+                            to="the model or heuristic for their entries")
         with getattr(self, "_lock", threading.Lock()):
             if hasattr(self, "_cache"):
                 self._cache.clear()
+
+    def _known_id(self, op: str, dtype: str, cid: str) -> bool:
+        """Whether a tuned table's id is a candidate this dispatcher could serve for (op, dtype)."""
+        if op != self.op:
+            return True  # another op's table never answers here: nothing to warn about
+        if self.space_arch is None:
+            return cid in self._op.vendor_ids
+        try:
+            return cid in candidate_table(self.space_arch, dtype, self.op).index
+        except ValueError:  # no candidates for the dtype on this arch (fp8 without fp8 tensor cores)
+            return False
 
     # -- decisions ---------------------------------------------------------------------
     def _check_runnable(self, n, k, dtype) -> None:
@@ -556,9 +606,37 @@ class Dispatcher:
             raise ValueError(f"K and N must be multiples of 16 for fp8 on {where}, where torch._scaled_mm is the "
                              f"only candidate; got K={k}, N={n}")
 
+    def _vendor_infeasible(self, vendor, m, n, k, dtype, e, top_k, extra) -> str:
+        """Why the op's vendor candidate cannot run this problem on a GPU without a candidate space
+        ('' when it can): the op's own check_feasible, under an arch whose space lists the vendor.
+        A vendor that some space leaves out for this dtype (MoE's grouped_mm and the block-scaled
+        cuBLASLt GEMM are sm90-only) is arch-specific, so it is not assumed to run on another arch."""
+        space = self._op.space_module()
+        listed = [a for a in sorted(space.ARCHS) if vendor in {c.id for c in self._op.configs(a, dtype)}]
+        if not listed:
+            return f"the op's config spaces offer it for no arch with dtype {dtype}"
+        if len(listed) < len(space.ARCHS):
+            return f"it is offered for {', '.join(listed)} only"
+        problem = self._op.problem(m=m, n=n, k=k, dtype=dtype, e=e, top_k=top_k,
+                                   **dict(zip(self._extra_names, extra)))
+        ok, why = self._op.check_feasible(space.config_from_id(vendor), problem, listed[0])
+        return "" if ok else why
+
+    def _mask(self, ct, m, n, k) -> np.ndarray:
+        """The table's feasibility mask for (m, n, k), less the configs needing more shared memory
+        per block than this GPU has."""
+        mask = ct.feasible_mask(m, n, k)
+        if self.smem_per_block is None:
+            return mask
+        key = (ct.arch, ct.dtype, ct.op)
+        ok = self._smem_ok.get(key)
+        if ok is None:
+            ok = self._smem_ok[key] = ct.smem <= self.smem_per_block
+        return mask & ok
+
     def _feasible(self, m, n, k, dtype):
         ct = candidate_table(self.space_arch, dtype, self.op)
-        return ct, np.flatnonzero(ct.feasible_mask(m, n, k))
+        return ct, np.flatnonzero(self._mask(ct, m, n, k))
 
     def _scored(self, model, ct, mask, m) -> np.ndarray:
         """Table indices the model scores: the feasible candidates of M's shortlist, or every feasible
@@ -602,15 +680,24 @@ class Dispatcher:
         self._check_runnable(n, k, dtype)
         tuned = self._tuned.get((self.op, m, n, k, dtype, e, top_k, *extra))
         if self.space_arch is None:
-            # No candidate space for this arch: the vendor library is the one candidate known to run.
+            # No candidate space for this arch: the vendor library is the one candidate, if the op's
+            # own feasibility rules let it run this problem; else no candidate does (issue 57, row 3).
             vendor = self._op.vendor_ids[0]
+            why = self._vendor_infeasible(vendor, m, n, k, dtype, e, top_k, extra)
+            if why:
+                raise ValueError(f"no feasible {self.op} candidate for M={m}, N={n}, K={k}, {dtype} on "
+                                 f"{self.gpu_name!r} ({self.arch or 'arch unknown'}): no Triton candidate space "
+                                 f"for its arch, and the vendor library ({vendor}) cannot run it: {why}")
             if count == 1 and tuned == vendor:
                 return [Choice(vendor, "table")]
             self.fallback_reasons.setdefault(dtype, self._vendor_reason)
             self._warn_once(self._vendor_reason, to=f"the vendor library ({vendor})")
             return [Choice(vendor, "vendor")]
         ct = candidate_table(self.space_arch, dtype, self.op)
-        mask = ct.feasible_mask(m, n, k)
+        mask = self._mask(ct, m, n, k)
+        if not mask.any():
+            raise ValueError(f"no feasible {self.op} candidate for M={m}, N={n}, K={k}, {dtype} on {self.gpu_name!r} "
+                             f"({self.space_arch}): every config of its space breaks a feasibility rule")
         if count == 1 and tuned is not None and tuned in ct.index and mask[ct.index[tuned]]:
             return [Choice(tuned, "table")]
         model = self.model_for(dtype)
@@ -629,17 +716,40 @@ class Dispatcher:
                 return [Choice(ct.ids[scored[i]], "model", score=float(si), estimate=lat.item(r))
                         for r, (i, si) in enumerate(zip(order, s))]
             except Exception as exc:  # noqa: BLE001 - the serving path never raises for a model problem
-                reason = f"model scoring failed ({type(exc).__name__}: {str(exc)[:120]})"
-                self.fallback_reasons[dtype] = reason
-                self._warn_once(reason)
-                with self._model_lock:
-                    self._models[dtype] = None
-        sm = self.spec.sm_count if self.spec else 132
+                # One request the model could not score (e.g. a MemoryError on a huge one) says
+                # nothing about the next: only this decision comes from the heuristic, the model
+                # stays loaded, and the warning names this request (issue 57, row 1).
+                # A model that cannot score even a small problem of the same kind is broken (say
+                # an input name it does not have): that is process-wide, as a load failure is.
+                problem = f"{type(exc).__name__}: {str(exc)[:120]}"
+                if not self._model_scores(model, ct, dtype, n, k, e, top_k, extra):
+                    reason = f"model scoring failed ({problem})"
+                    self.fallback_reasons[dtype] = reason
+                    self._warn_once(reason)
+                    with self._model_lock:
+                        self._models[dtype] = None
+                else:
+                    what = f"M={m}, N={n}, K={k}, {dtype}" + (f", E={e}, top_k={top_k}" if not self._op.fixed else "") \
+                        + "".join(f", {f}={v!r}" for f, v in zip(self._extra_names, extra))
+                    self._warn_once(f"model scoring failed for {self.op} {what} ({problem}); this decision only, "
+                                    "the model stays in use")
+        sm = self.spec.sm_count if self.spec else (self.measured or {}).get("sm_count", 132)
         # An op without pinned E and top_k (MoE) passes them to its rule.
         kw = {} if self._op.fixed else {"e": e, "top_k": top_k}
         idx = np.flatnonzero(mask)
         i = self._op.fallback_rule()(m, n, k, sm, ct.candidate_dicts(idx), **kw)
         return [Choice(ct.ids[idx[i]], "heuristic")]
+
+    def _model_scores(self, model, ct, dtype, n, k, e, top_k, extra) -> bool:
+        """Whether the model scores the M = 1 problem of the same (N, K, E, top_k, stage) with the
+        balanced routing: the probe that tells a broken model from one request it cannot score."""
+        probe = tuple("balanced" if f == "routing" else v for f, v in zip(self._extra_names, extra))
+        try:
+            idx = np.flatnonzero(self._mask(ct, 1, n, k))
+            model.best(self._features(ct, idx, 1, n, k, dtype, e, top_k, probe), idx, 1)
+            return True
+        except Exception:  # noqa: BLE001 - any failure of the probe means the model is unusable
+            return False
 
     def _extra(self, fields: dict) -> tuple:
         """The op's extra problem fields (MoE: stage, routing) in order; ValueError naming a missing
@@ -721,9 +831,10 @@ class Dispatcher:
         self._op.check_fixed({"e": e, "top_k": top_k})
         extra = self._extra(fields) if fields or self._extra_names else ()
         self._check_extra(m, n, k, dtype, e, top_k, extra)
-        if type(count) is not int or count < 1:
+        # numpy ints are ints here as in select's fields; bools are not counts.
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
             raise ValueError(f"count must be an int >= 1, got {count!r}")
-        return self._decide(int(m), int(n), int(k), dtype, int(e), int(top_k), count=count, extra=extra)
+        return self._decide(int(m), int(n), int(k), dtype, int(e), int(top_k), count=int(count), extra=extra)
 
     def warm_up(self, dtypes=("bf16", "fp16", "fp8")) -> list[str]:
         """Pay now what each dtype's first decision would otherwise pay once per process: the model's

@@ -640,6 +640,20 @@ def output_shape(stage: str, x: torch.Tensor, w: torch.Tensor, topk_ids: torch.T
     return topk_ids.shape[0], w.shape[1]
 
 
+def _ids_out_of_range(topk_ids: torch.Tensor, e: int, label: str) -> str:
+    """Why topk_ids holds an id outside 0..E-1 ('' when none): the kernels index w with it
+    unchecked, so such an id reads another tensor's memory (garbage, or a segfault on CPU; issue 57,
+    row 10). One min/max reduction and one host read; skipped while the current CUDA stream is
+    being captured into a graph, where reading the device would break the capture (and the graph
+    replays with whatever ids its buffer holds then)."""
+    if topk_ids.is_cuda and torch.cuda.is_current_stream_capturing():
+        return ""
+    lo, hi = (int(v) for v in torch.aminmax(topk_ids))
+    if lo < 0 or hi >= e:
+        return f"{label} must hold expert ids in 0..E-1 = 0..{e - 1}, got ids from {lo} to {hi}"
+    return ""
+
+
 def launch(cfg, stage: str, x: torch.Tensor, w: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
            out: torch.Tensor | None = None, a_scale: torch.Tensor | None = None,
            w_scale: torch.Tensor | None = None) -> torch.Tensor:
@@ -747,6 +761,9 @@ def check_operands(stage: str, x, w, topk_weights, topk_ids, a_scale=None, w_sca
         return f"{nm['topk_ids']}: top_k must be in 1..E = {e}, got {top_k}"
     if m < 1 or n < 1 or k < 1:
         return f"M, N and K must be >= 1, got {nm['topk_ids']} {tuple(topk_ids.shape)}, {nm['w']} {tuple(w.shape)}"
+    msg = _ids_out_of_range(topk_ids, e, nm["topk_ids"])
+    if msg:
+        return msg
     rows = m if stage == "gate_up" else m * top_k
     if x.shape[0] != rows:
         what = "M = topk_ids rows" if stage == "gate_up" else "M * top_k"

@@ -81,10 +81,58 @@ def topk_ids(routing: str, m: int, e: int, top_k: int, seed: int = 0) -> np.ndar
     return np.take_along_axis(idx, order, axis=1).astype(np.int32)
 
 
+# expert_counts' budget of Gumbel draws (token rows x E) for a skewed routing, in O(E) memory
+# (rows drawn in chunks of at most _CHUNK_DRAWS). Up to EXACT_DRAWS the counts are exactly those
+# of topk_ids (every dataset row: its largest skewed M * E is 8192 * 256 = 2**21); above, the first
+# SAMPLE_DRAWS // E tokens of the same stream are drawn and their counts scaled to M (issue 57,
+# row 2: M = 2**20 at E = 256 took 8.5 GB and 14 s as an (M, E) array).
+EXACT_DRAWS = 2**22
+SAMPLE_DRAWS = 2**19
+_CHUNK_DRAWS = 2**18
+
+
+def _sampled_counts(routing: str, m: int, e: int, top_k: int, seed: int, tokens: int) -> np.ndarray:
+    """Expert counts of the first ``tokens`` tokens of topk_ids(routing, m, e, top_k, seed) (the same
+    random stream), drawn in chunks of rows so that memory stays O(E)."""
+    logp = np.log(popularity(routing, e, seed))
+    rng = _rng(routing, m, e, top_k, seed)
+    counts = np.zeros(e, dtype=np.int64)
+    rows = max(1, _CHUNK_DRAWS // e)
+    for start in range(0, tokens, rows):
+        keys = logp[None, :] + rng.gumbel(size=(min(rows, tokens - start), e))
+        idx = np.argpartition(-keys, top_k - 1, axis=1)[:, :top_k]
+        counts += np.bincount(idx.ravel(), minlength=e)
+    return counts
+
+
 @functools.lru_cache(maxsize=4096)
 def expert_counts(routing: str, m: int, e: int, top_k: int, seed: int = 0) -> np.ndarray:
-    """Tokens per expert (E,) of the routing (read-only array)."""
-    c = np.bincount(topk_ids(routing, m, e, top_k, seed).ravel(), minlength=e).astype(np.int64)
+    """Tokens per expert (E,) of the routing (read-only array), in O(E) memory whatever M: the
+    balanced routing in closed form, a skewed one exactly up to EXACT_DRAWS Gumbel draws and from
+    a scaled sample of its first tokens above (see EXACT_DRAWS)."""
+    check_routing(routing)
+    if not 1 <= top_k <= e:
+        raise ValueError(f"top_k must be in 1..E={e}, got {top_k}")
+    if m < 1:
+        raise ValueError(f"m must be >= 1, got {m}")
+    pairs = m * top_k
+    if routing == "balanced":
+        # Pair p = t * top_k + j goes to expert p mod E (topk_ids): E-periodic over 0..pairs-1.
+        q, r = divmod(pairs, e)
+        c = np.full(e, q, dtype=np.int64)
+        c[:r] += 1
+    elif m * e <= EXACT_DRAWS:
+        c = _sampled_counts(routing, m, e, top_k, seed, m)
+    else:
+        tokens = max(1, SAMPLE_DRAWS // e)
+        sample = _sampled_counts(routing, m, e, top_k, seed, tokens)
+        # Scale to M tokens: floors, then the remaining pairs to the largest remainders (ties to the
+        # lower expert index), so the counts sum to M * top_k and none exceeds M (one per token).
+        exact = sample * (m / tokens)
+        c = np.floor(exact).astype(np.int64)
+        short = pairs - int(c.sum())
+        if short > 0:
+            c[np.argsort(-(exact - c), kind="stable")[:short]] += 1
     c.flags.writeable = False
     return c
 

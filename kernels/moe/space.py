@@ -52,6 +52,10 @@ DTYPE_BYTES = {"bf16": 2, "fp8": 1, "fp16": 2, "fp32": 4}
 DTYPES = tuple(DTYPE_BYTES)
 STAGES = ("gate_up", "down")
 MAX_EXPERTS = 512
+# The align step numbers the token-expert pairs and their per-expert padding in int32 (vLLM's
+# sorted_token_ids: M * top_k + E * (BLOCK_M - 1) slots, BLOCK_M <= 256): a problem with more
+# pairs cannot be laid out, on any GPU (issue 57, row 2: M = 2**31 - 1 used to reach the features).
+MAX_PAIRS = 2**31 - 1 - MAX_EXPERTS * 255
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,9 @@ class Problem:
             raise ValueError(f"e must be in 1..{MAX_EXPERTS}, got {self.e}")
         if not 1 <= self.top_k <= self.e:
             raise ValueError(f"top_k must be in 1..e={self.e}, got {self.top_k}")
+        if self.m * self.top_k > MAX_PAIRS:
+            raise ValueError(f"m * top_k must be <= {MAX_PAIRS} (the int32 token-expert pair ids), got "
+                             f"m={self.m}, top_k={self.top_k}")
         if self.stage not in STAGES:
             raise ValueError(f"stage must be one of {', '.join(STAGES)}, got {self.stage!r}")
         if self.stage == "gate_up" and self.n % 2:
