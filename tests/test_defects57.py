@@ -2,6 +2,7 @@
 before its fix."""
 from __future__ import annotations
 
+import os
 import time
 import warnings
 
@@ -209,3 +210,29 @@ def test_d05_picks_fit_the_cards_shared_memory(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DispatchWarning)
         assert d.space_arch == "sm80" and d.select(4096, 4096, 4096, "bf16").candidate not in big
+
+
+def test_d11_edited_manifest_refused(tmp_path):
+    """Row 11: the manifest's score_sign edited to +1 inverted the ranking without a word; a sealed
+    manifest that was edited is now refused (one warning, the fallback serves)."""
+    import json
+    import shutil
+    import warnings
+
+    from gemm_costmodel.serving.runtime import Dispatcher, manifest_digest
+
+    for f in ("gemm-sm90.json", "gemm-sm90.onnx", "gemm-sm90-prefix.onnx", "gemm-sm90-suffix.onnx"):
+        if os.path.exists(os.path.join("models", f)):
+            shutil.copy(os.path.join("models", f), tmp_path / f)
+    man = json.loads((tmp_path / "gemm-sm90.json").read_text())
+    assert man["manifest_sha256"] == manifest_digest(man)  # the shipped manifest is sealed
+    ok = Dispatcher(gpu_name="NVIDIA H100 80GB HBM3", models_dir=str(tmp_path), op="gemm")
+    assert ok.select(64, 4096, 4096, "bf16").source == "model"
+    man["score_sign"] = -man["score_sign"]
+    (tmp_path / "gemm-sm90.json").write_text(json.dumps(man))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        d = Dispatcher(gpu_name="NVIDIA H100 80GB HBM3", models_dir=str(tmp_path), op="gemm")
+        choice = d.select(64, 4096, 4096, "bf16")
+    assert choice.source != "model"
+    assert any("edited after export" in str(w.message) for w in caught)

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 import numpy as np
 
 from gemm_costmodel.serving import features as F
-from gemm_costmodel.serving.runtime import model_name  # defined there: the runtime prefers the exported name
+from gemm_costmodel.serving.runtime import model_name, seal_manifest  # defined there: the runtime checks both
 
 TARGET_OPSET = 15
 INPUT_NAME = "features"
@@ -146,7 +146,7 @@ def write_cascade(onnx_path: str, manifest_path: str, prefix_trees: int | None =
     if entry is not None:
         manifest["cascade"] = entry
     with open(manifest_path, "w", encoding="utf-8") as fh:
-        json.dump(manifest, fh, indent=1, sort_keys=True)
+        json.dump(seal_manifest(manifest), fh, indent=1, sort_keys=True)
     return entry
 
 
@@ -222,7 +222,7 @@ def export(model, out_dir: str, op: str, dtypes: list[str], arch: str, space_has
         "onnx_sha256": hashlib.sha256(data).hexdigest(),
     }
     with open(stem + ".json", "w", encoding="utf-8") as fh:
-        json.dump(manifest, fh, indent=1, sort_keys=True)
+        json.dump(seal_manifest(manifest), fh, indent=1, sort_keys=True)
     if role == "decision":
         from gemm_costmodel import registry
 

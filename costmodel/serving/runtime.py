@@ -343,6 +343,18 @@ def _space_hash(arch: str, dtype: str, op: str) -> str | None:
         return None
 
 
+def manifest_digest(man: dict) -> str:
+    """sha256 of a manifest's canonical JSON without its own ``manifest_sha256`` field: an edited
+    manifest (say score_sign flipped, which inverts the ranking) no longer matches its seal."""
+    body = {k: v for k, v in man.items() if k != "manifest_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def seal_manifest(man: dict) -> dict:
+    """The manifest with its ``manifest_sha256`` set (export writes every manifest sealed)."""
+    return {**man, "manifest_sha256": manifest_digest(man)}
+
+
 def find_models(models_dir: str, op: str, dtype: str, arch: str,
                 role: str = "decision") -> tuple[list[tuple[str, dict]], list[str]]:
     """Every model of this role that serves (op, dtype, arch) and passes the manifest checks, best first,
@@ -371,6 +383,12 @@ def find_models(models_dir: str, op: str, dtype: str, arch: str,
             reasons.append(f"{name}: malformed manifest")
             continue
         if not (man.get("op") == op and dtype in dtypes and man.get("role", "decision") == role):
+            continue
+        # Sealed manifests are served only unedited; older ones without the field, unchecked.
+        if "manifest_sha256" in man and man["manifest_sha256"] != manifest_digest(man):
+            reasons.append(f"{name}: the manifest was edited after export (manifest_sha256 does not match its "
+                           "contents; re-export the model, or re-seal it with "
+                           "gemm_costmodel.serving.runtime.seal_manifest if the edit is intended)")
             continue
         if man.get("arch") != arch:
             reasons.append(f"{name} is for arch {man.get('arch')}, this GPU is {arch}")
