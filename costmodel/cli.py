@@ -16,16 +16,36 @@ def _fail(msg: str) -> int:
     return 2
 
 
+def _default_dtype(op: str) -> str:
+    """The dtype a command uses for an op when none is given: the first the op accepts (registry
+    ``dtypes``: bf16 for gemm and moe, fp8 for fp8_blockscale, which takes nothing else)."""
+    from gemm_costmodel import registry
+
+    return registry.get(op).dtypes[0]
+
+
+def _check_op_dtypes(op: str, dtypes) -> None:
+    """ValueError naming the dtypes the op accepts when one of ``dtypes`` is not among them."""
+    from gemm_costmodel import registry
+
+    accepted = registry.get(op).dtypes
+    for d in dtypes:
+        if d not in accepted:
+            raise ValueError(f"op {op} does not take dtype {d}; it takes: {', '.join(accepted)}")
+
+
 def _shapes_from_args(args):
     from gemm_costmodel import registry
     from gemm_costmodel.data import shapes as S
 
     spec = registry.get(args.op)
     out = []
-    for dtype in args.dtype:
+    for dtype in args.dtype or [_default_dtype(args.op)]:
         if args.shapes:
-            out += [s for s in S.read_shape_csv(args.shapes, default_dtype=dtype)
-                    if s.dtype == dtype or len(args.dtype) == 1]
+            # Every problem field the op declares (MoE: E, top_k, stage, routing), read as the op's
+            # problems, so a user's shapes take the same harness path as a suite's.
+            out += [s for s in S.read_problem_csv(args.shapes, args.op, default_dtype=dtype)
+                    if s.dtype == dtype or len(args.dtype or ()) <= 1]
         else:
             out += spec.suite(args.suite, dtype)
     out = list(dict.fromkeys(out))
@@ -190,8 +210,13 @@ def cmd_configs(args) -> int:
     from gemm_costmodel import registry
 
     spec = registry.get(args.op)
-    for dtype in args.dtype:
-        cfgs = spec.configs(args.arch, dtype)
+    dtypes = args.dtype or list(spec.dtypes)
+    try:
+        _check_op_dtypes(args.op, dtypes)
+        spaces = [(dtype, spec.configs(args.arch, dtype)) for dtype in dtypes]
+    except ValueError as exc:  # a dtype the op refuses, an unknown arch
+        return _fail(str(exc))
+    for dtype, cfgs in spaces:
         by = Counter(c.variant for c in cfgs)
         print(f"{args.op} {args.arch} {dtype}: {len(cfgs)} candidates ({', '.join(f'{k} {v}' for k, v in by.items())})")
     return 0
@@ -464,18 +489,43 @@ def cmd_run(args) -> int:
     return cmd_train(args)
 
 
+def _missing_select_fields(args) -> str | None:
+    """The first problem field of the op beyond (M, N, K, dtype, E, top_k) that its Problem has no
+    default for and the command line left out (moe: stage; routing defaults to balanced)."""
+    import dataclasses
+
+    from gemm_costmodel import registry
+
+    spec = registry.get(args.op)
+    fields = {f.name: f for f in dataclasses.fields(spec.space_module().Problem)}
+    for name in spec.extra_problem_fields():
+        f = fields.get(name)
+        needed = f is not None and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if needed and getattr(args, name, None) is None:
+            return name
+    return None
+
+
 def cmd_select(args) -> int:
     """Print the dispatcher's decision (or top k) for one problem."""
     import warnings
 
     from gemm_costmodel.serving.runtime import Dispatcher
 
+    dtype = args.dtype or _default_dtype(args.op)
+    try:
+        _check_op_dtypes(args.op, [dtype])
+        missing = _missing_select_fields(args)
+    except ValueError as exc:
+        return _fail(str(exc))
+    if missing:
+        return _fail(f"op {args.op} needs the problem field {missing!r}: give --{missing.replace('_', '-')}")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:  # a bad --gpu or COSTMODEL_GPU_SPECS fails at construction, a bad problem at rank
             d = Dispatcher(gpu_name=args.gpu, models_dir=args.models, op=args.op)
             extra = {f: getattr(args, f) for f in ("stage", "routing") if getattr(args, f, None) is not None}
-            choices = d.rank(args.m, args.n, args.k, args.dtype, count=args.top, e=args.e, top_k=args.top_k,
+            choices = d.rank(args.m, args.n, args.k, dtype, count=args.top, e=args.e, top_k=args.top_k,
                              **extra)
         except ValueError as exc:
             return _fail(str(exc))
@@ -621,8 +671,11 @@ def build_parser() -> argparse.ArgumentParser:
     src = b.add_mutually_exclusive_group()
     src.add_argument("--suite", default="foundation",
                      help="a shape suite of the op (gemm: foundation, train; fp8_blockscale: train, eval)")
-    src.add_argument("--shapes", help="CSV with columns M,N,K[,dtype]")
-    b.add_argument("--dtype", nargs="+", default=["bf16"], choices=["bf16", "fp16", "fp8"])
+    src.add_argument("--shapes", help="CSV with one column per problem field of the op: M,N,K[,dtype] "
+                     "(moe: M,N,K,E,top_k,stage[,routing][,dtype]; routing default balanced); unknown columns "
+                     "are refused")
+    b.add_argument("--dtype", nargs="+", default=None, choices=["bf16", "fp16", "fp8"],
+                   help="default: the op's first dtype (bf16; fp8 for fp8_blockscale)")
     b.add_argument("--mode", default="all", help="'all' (evaluation shapes), 'sample:K' (K random Triton configs + cuBLAS), 'variant:NAME[,NAME]' (one variant's configs + cuBLAS) or 'pick:CSV' (the configs a CSV with columns key, candidate lists per problem key + cuBLAS)")
     b.add_argument("--shard", default="0/1", help="i/n: take shapes with hash %% n == i")
     b.add_argument("--devices", type=int, default=0, help="spawn one process per GPU")
@@ -666,7 +719,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("configs", help="count the candidate space")
     _op_arg(c)
-    c.add_argument("--dtype", nargs="+", default=["bf16", "fp16", "fp8"])
+    c.add_argument("--dtype", nargs="+", default=None, help="default: every dtype the op takes")
     c.add_argument("--arch", default="sm90")
     c.set_defaults(func=cmd_configs)
 
@@ -690,14 +743,16 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("m", type=int)
     q.add_argument("n", type=int)
     q.add_argument("k", type=int)
-    q.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp8"])
+    q.add_argument("--dtype", default=None, choices=["bf16", "fp16", "fp8"],
+                   help="default: the op's first dtype (bf16; fp8 for fp8_blockscale)")
     q.add_argument("--gpu", default="NVIDIA H100 80GB HBM3", help="GPU name (default: H100 SXM)")
     q.add_argument("--models", default=None, help="model folder (default: the shipped models)")
     q.add_argument("--top", type=int, default=1, help="show the model's top k")
     q.add_argument("--e", type=int, default=1, help="experts (--op moe)")
     q.add_argument("--top-k", type=int, default=1, help="experts per token (--op moe)")
     q.add_argument("--stage", default=None, choices=["gate_up", "down"],
-                   help="--op moe: the stage (gate_up: N = 2 x intermediate, K = hidden; down: N = hidden, K = intermediate)")
+                   help="required with --op moe: the stage (gate_up: N = 2 x intermediate, K = hidden; down: "
+                        "N = hidden, K = intermediate)")
     q.add_argument("--routing", default=None, help="--op moe: routing id (default balanced)")
     q.set_defaults(func=cmd_select)
 
