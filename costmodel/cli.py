@@ -345,9 +345,61 @@ def _save_booster(model, df, path: str) -> None:
         json.dump(side, fh, indent=1)
 
 
+def _shipped_models_dirs() -> set[str]:
+    """The folders the runtime serves the shipped models from (the installed package's models/)."""
+    from gemm_costmodel.serving.runtime import DEFAULT_MODELS_DIR
+
+    out = {os.path.realpath(DEFAULT_MODELS_DIR)}
+    try:
+        import gemm_costmodel.models as pkg
+
+        out.add(os.path.realpath(os.path.dirname(os.path.abspath(pkg.__file__))))
+    except ImportError:  # pragma: no cover - the package always ships models/
+        pass
+    return out
+
+
+def _writable_dir(path: str) -> str | None:
+    """None when files can be created in folder ``path`` (made if missing), else why not. Tried by
+    writing a file, not with os.access: that says yes to root on a read-only mount."""
+    import tempfile
+
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".costmodel-write-check-"):
+            pass
+    except OSError as exc:
+        return f"{path}: cannot write there ({exc.strerror or exc})"
+    return None
+
+
+def _check_train_outputs(args) -> str | None:
+    """Before any training: where ``train`` would write must be given, must not be the shipped
+    models unless --force says so, and must be writable. An error message, or None."""
+    outputs = []
+    if not args.no_export:
+        if args.out is None:
+            return "give --out DIR, the folder for the new model (the shipped models/ folder only with --force)"
+        # `run` has no --force (its output folder is its own concern); train's is False unless given.
+        if getattr(args, "force", True) is False and os.path.realpath(args.out) in _shipped_models_dirs():
+            return (f"--out {args.out} is the shipped models folder: training would replace a shipped model; "
+                    "pass --force to do that, or give another --out")
+        outputs.append(args.out)
+    if args.booster:
+        outputs.append(os.path.dirname(os.path.abspath(args.booster)))
+    for folder in outputs:
+        why = _writable_dir(folder)
+        if why:
+            return why
+    return None
+
+
 def cmd_train(args) -> int:
     from gemm_costmodel.learning import pipeline
 
+    problem = _check_train_outputs(args)
+    if problem:
+        return _fail(problem)
     cfg, df, err = _config_and_frame(args)
     if err:
         return err
@@ -356,6 +408,12 @@ def cmd_train(args) -> int:
         df = df[df["gpu_name"].astype(str).isin(args.train_gpu)]
         if df.empty:
             return _fail(f"--train-gpu: no rows of {', '.join(args.train_gpu)} in the data")
+    try:
+        # Too little data to learn from would still give a model, and replace a good one.
+        least = getattr(args, "min_problems", None)
+        pipeline.check_enough_data(df, cfg, pipeline.MIN_PROBLEMS_PER_DTYPE if least is None else least)
+    except ValueError as exc:
+        return _fail(f"cannot train: {exc}")
     try:
         # Data that passed validation can still give nothing to learn (no stable row of a
         # dtype, no shape with two candidates): the model code says so with a ValueError.
@@ -725,7 +783,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train the cost model on benchmark data and export it to ONNX")
     _model_args(t, train=True)
-    t.set_defaults(func=cmd_train)
+    # train never writes into the shipped models/ by default (a few rows once replaced a model of
+    # half a million): --out is required to export, --force to write into models/ itself.
+    t.set_defaults(func=cmd_train, out=None)
+    t.add_argument("--force", action="store_true",
+                   help="allow --out to be the shipped models folder (replaces the shipped model of the op)")
+    t.add_argument("--min-problems", type=int, default=None,
+                   help="refuse to train when a dtype has fewer problems with two or more trainable candidates "
+                        "(default: learning.pipeline.MIN_PROBLEMS_PER_DTYPE, 20)")
 
     e = sub.add_parser("evaluate", help="held-out evaluation against the baselines; writes a report")
     _model_args(e, report=True)
