@@ -234,11 +234,9 @@ def cmd_dataset(args) -> int:
                 print(path)
             return 0
         paths = args.files or None
-        df = D.load_dataset(paths, root=args.root)
         if args.action == "validate":
-            print(f"ok: {len(df)} rows, {df.drop_duplicates(['dtype', 'm', 'n', 'k']).shape[0]} shapes, "
-                  f"schema {D.schema_hash()}")
-            return 0
+            return _validate_dataset(paths, args.root)
+        df = D.load_dataset(paths, root=args.root)
         from gemm_costmodel.data import datacard
 
         rem = None
@@ -254,6 +252,31 @@ def cmd_dataset(args) -> int:
         return 0
     except (OSError, ValueError) as exc:
         return _fail(str(exc))
+
+
+def _validate_dataset(paths, root: str) -> int:
+    """`dataset validate`: the schema of every file, then each op's fields, candidate ids, values and
+    conflicting duplicates on the raw rows (data.checks); exit 2 with every problem listed, or "ok"
+    with the problems counted per op by the op's full key (MoE: E, top_k, stage and routing too)."""
+    import pandas as pd
+
+    from gemm_costmodel.data import checks
+    from gemm_costmodel.data import dataset as D
+
+    paths = list(paths) if paths is not None else D.dataset_files(root)
+    if not paths:
+        raise D.DataError(f"{root}: no data files")
+    raw = pd.concat([D.read_file(str(p)) for p in paths], ignore_index=True)
+    errors = checks.check_rows(raw)
+    if errors:
+        for e in errors:
+            print(f"costmodel: error: {e}", file=sys.stderr)
+        return 2
+    rows = len(D.merge_duplicates(D.demote_oom_eval_shapes(raw)[0]))
+    counts = checks.problem_counts(raw)
+    print(f"ok: {rows} rows, {sum(counts.values())} shapes (problems by each op's full key: "
+          + ", ".join(f"{op} {n}" for op, n in counts.items()) + f"), schema {D.schema_hash()}")
+    return 0
 
 
 def cmd_import(args) -> int:

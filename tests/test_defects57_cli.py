@@ -145,3 +145,43 @@ def test_d07_train_guards_data_and_output(tmp_path, capsys, monkeypatch):
     # Enough data (the threshold lowered to this test's one problem) trains into --out.
     assert cli_main(["train", *small, "--min-problems", "1", "--out", str(tmp_path / "m")]) == 0
     assert (tmp_path / "m" / "moe-sm90.onnx").is_file() and open(shipped, "rb").read() == before
+
+
+# -- 8: dataset validate checks each op's fields, ids and values; counts problems by the full key ----
+
+def test_d08_dataset_validate_moe_fields(tmp_path, capsys):
+    good = pd.read_parquet(MOE_EVAL)
+    # Three ok rows of every problem: balanced and zipf problems share (M, N, K).
+    good = good[good["status"] == "ok"].groupby(["m", "n", "k", "e", "top_k", "stage", "routing"]).head(3)
+    good = good.reset_index(drop=True)
+    path = tmp_path / "good.parquet"
+    good.to_parquet(path, index=False)
+    assert cli_main(["dataset", "validate", str(path)]) == 0
+    out = capsys.readouterr().out
+    full = good[["dtype", "m", "n", "k", "e", "top_k", "stage", "routing"]].drop_duplicates().shape[0]
+    assert full > good[["dtype", "m", "n", "k"]].drop_duplicates().shape[0]  # so the count tells them apart
+    assert out.startswith(f"ok: {len(good)} rows, {full} shapes (problems by each op's full key: moe {full})")
+
+    bad = good.copy()
+    bad.loc[0:9, "candidate"] = "moe_m16n64k128_warp9"  # no id of the MoE space
+    bad.loc[10, "stage"] = "middle"
+    bad.loc[11, "routing"] = "lumpy"
+    bad.loc[12, "op"] = "moe2"
+    bad.loc[13, "arch"] = "sm99"
+    bad.loc[14, ["e", "top_k"]] = (100000, 8)
+    bad.loc[15, "rel_err"] = float("inf")
+    dup = bad.iloc[[20]].assign(p50_us=bad["p50_us"].iat[20] * 10, p20_us=bad["p50_us"].iat[20] * 10,
+                                p80_us=bad["p50_us"].iat[20] * 10, stable=True)
+    bad.loc[20, "stable"] = True
+    bad = pd.concat([bad, dup], ignore_index=True)
+    path = tmp_path / "bad.parquet"
+    bad.to_parquet(path, index=False)
+    assert cli_main(["dataset", "validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    for fragment in ("column 'candidate': 10 rows of 1 id(s) not in the moe space: 'moe_m16n64k128_warp9'",
+                     "stage must be one of", "routing must be one of", "column 'op': 1 rows of unknown op(s) 'moe2'",
+                     "column 'arch': 1 rows of unknown arch(s) 'sm99'", "e must be in 1..512, got 100000",
+                     "column 'rel_err': 1 ok rows without a finite error",
+                     "1 (problem, candidate) key(s) timed more than 2x apart on one card"):
+        assert fragment in err, (fragment, err)
+    assert "ok:" not in err
