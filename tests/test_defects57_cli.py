@@ -181,7 +181,7 @@ def test_d08_dataset_validate_moe_fields(tmp_path, capsys):
     for fragment in ("column 'candidate': 10 rows of 1 id(s) not in the moe space: 'moe_m16n64k128_warp9'",
                      "stage must be one of", "routing must be one of", "column 'op': 1 rows of unknown op(s) 'moe2'",
                      "column 'arch': 1 rows of unknown arch(s) 'sm99'", "e must be in 1..512, got 100000",
-                     "column 'rel_err': 1 ok rows without a finite error",
+                     "column 'rel_err': 1 ok rows with an infinite error",
                      "1 (problem, candidate) key(s) timed more than 2x apart on one card"):
         assert fragment in err, (fragment, err)
     assert "ok:" not in err
