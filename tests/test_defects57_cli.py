@@ -185,3 +185,25 @@ def test_d08_dataset_validate_moe_fields(tmp_path, capsys):
                      "1 (problem, candidate) key(s) timed more than 2x apart on one card"):
         assert fragment in err, (fragment, err)
     assert "ok:" not in err
+
+
+# -- 9: summarize groups by the op's full problem key ---------------------------------------------------
+
+def test_d09_summarize_moe_full_key(capsys):
+    from gemm_costmodel.benchmarks import summary
+    from gemm_costmodel.benchmarks.store import read_rows
+
+    shard = os.path.join(ROOT, "datasets/raw/moe-eval-h100-shard00of01.jsonl.gz")
+    rows = pd.DataFrame(read_rows([shard]))
+    full = rows[["dtype", "m", "n", "k", "e", "top_k", "stage", "routing"]].drop_duplicates()
+    assert len(full) > len(rows[["dtype", "m", "n", "k"]].drop_duplicates())
+    assert cli_main(["summarize", shard]) == 0
+    assert f"### Oracle (best Triton) vs cuBLAS, {len(full)} shapes" in capsys.readouterr().out
+    ps = summary.per_shape(rows)
+    # Each problem's oracle is its own best: the fastest ok Triton row of that very problem.
+    ok = rows[(rows["status"] == "ok") & (rows["variant"] != "vendor")]
+    keys = ["dtype", "m", "n", "k", "e", "top_k", "stage", "routing"]
+    want = ok.loc[ok.groupby(keys)["p50_us"].idxmin(), keys + ["candidate"]]
+    got = ps[keys + ["oracle_id"]].rename(columns={"oracle_id": "candidate"})
+    pd.testing.assert_frame_equal(got.sort_values(keys).reset_index(drop=True),
+                                  want.sort_values(keys).reset_index(drop=True), check_dtype=False)
