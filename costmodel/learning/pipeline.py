@@ -82,8 +82,8 @@ def check_enough_data(df: pd.DataFrame, config: TrainConfig, min_problems: int =
     from gemm_costmodel.learning.model import shape_cols
 
     rows = training_rows(df, config.stable_only)
-    if rows.empty:
-        return
+    if rows.empty or set(df["dtype"].astype(str)) - set(rows["dtype"].astype(str)):
+        return  # ``train`` names the dtype without a trainable row
     per_problem = rows.groupby(shape_cols(rows), observed=True, sort=False).size()
     usable = per_problem[per_problem >= MIN_CANDIDATES_PER_PROBLEM]
     counts = usable.groupby(level="dtype", observed=True).size()
@@ -93,7 +93,7 @@ def check_enough_data(df: pd.DataFrame, config: TrainConfig, min_problems: int =
             raise D.DataError(f"too little data to train on: dtype {dtype} has {n} problem(s) with "
                               f"{MIN_CANDIDATES_PER_PROBLEM} or more trainable candidates, at least {min_problems} "
                               f"needed (--min-problems to change it)")
-        if n == 0 and len(counts) and dtype in set(rows["dtype"].astype(str)):
+        if n == 0 and len(counts):
             raise D.DataError(f"too little data to train on: dtype {dtype} has no problem with "
                               f"{MIN_CANDIDATES_PER_PROBLEM} or more trainable candidates (leave it out with --dtype)")
 
