@@ -10,6 +10,31 @@ from ..util import geomean, markdown_table  # noqa: F401
 SHAPE_COLS = ["dtype", "m", "n", "k"]
 
 
+def problem_cols(df: pd.DataFrame) -> list[str]:
+    """The columns of the rows' problem key: the op and, beyond SHAPE_COLS, every problem field (and
+    pinned field) the registry declares for the ops present (MoE: e, top_k, stage, routing), so two
+    problems sharing (M, N, K) stay two. Frames without an op column are dense GEMM rows."""
+    from gemm_costmodel import registry
+
+    cols = list(SHAPE_COLS)
+    if "op" not in df.columns:
+        return cols
+    for name in sorted(df["op"].astype(str).unique()):
+        if name in registry.names():
+            spec = registry.get(name)
+            cols += [f for f in (*spec.problem_fields, *spec.fixed) if f not in cols and f in df.columns]
+    return ["op"] + cols
+
+
+def _keyed(df: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
+    """``df`` with the key columns a mix of ops leaves empty (a dense row's stage) at their defaults:
+    groupby and merge would drop or mismatch NaN keys."""
+    from gemm_costmodel.data.dataset import OPTIONAL_DEFAULTS
+
+    gaps = [c for c in cols if df[c].isna().any()]
+    return df.fillna({c: OPTIONAL_DEFAULTS.get(c, "") for c in gaps}) if gaps else df
+
+
 def load_rows(paths) -> pd.DataFrame:
     """Rows of JSONL result files as a frame. A corrupt line or a truncated .gz raises
     store.RowsError (a ValueError naming file:line); a summary of part of a file would
@@ -24,18 +49,21 @@ def load_rows(paths) -> pd.DataFrame:
 
 def per_shape(df: pd.DataFrame) -> pd.DataFrame:
     """One row per shape: oracle (best Triton ok p50), its id, cuBLAS p50, candidate counts."""
+    # By the op's full problem key: MoE problems of one (M, N, K) differ in E, top_k, stage, routing.
+    cols = problem_cols(df)
+    df = _keyed(df, cols)
     ok = df[df["status"] == "ok"]
     tri = ok[ok["variant"] != "vendor"]
-    idx = tri.groupby(SHAPE_COLS)["p50_us"].idxmin()
-    best = tri.loc[idx, SHAPE_COLS + ["candidate", "p50_us", "variant"]].rename(
+    idx = tri.groupby(cols)["p50_us"].idxmin()
+    best = tri.loc[idx, cols + ["candidate", "p50_us", "variant"]].rename(
         columns={"candidate": "oracle_id", "p50_us": "oracle_us", "variant": "oracle_variant"})
-    vend = ok[ok["variant"] == "vendor"][SHAPE_COLS + ["p50_us"]].rename(columns={"p50_us": "cublas_us"})
-    counts = df.groupby(SHAPE_COLS).agg(n_rows=("candidate", "size"),
-                                        n_ok=("status", lambda s: int((s == "ok").sum()))).reset_index()
+    vend = ok[ok["variant"] == "vendor"][cols + ["p50_us"]].rename(columns={"p50_us": "cublas_us"})
+    counts = df.groupby(cols).agg(n_rows=("candidate", "size"),
+                                  n_ok=("status", lambda s: int((s == "ok").sum()))).reset_index()
     # Start from every shape, so one where all Triton candidates failed still shows (oracle NaN).
-    out = counts.merge(best, on=SHAPE_COLS, how="left").merge(vend, on=SHAPE_COLS, how="left")
+    out = counts.merge(best, on=cols, how="left").merge(vend, on=cols, how="left")
     out["speedup_vs_cublas"] = out["cublas_us"] / out["oracle_us"]
-    return out.sort_values(SHAPE_COLS).reset_index(drop=True)
+    return out.sort_values(cols).reset_index(drop=True)
 
 
 def min_bytes(m: int, n: int, k: int, dtype: str) -> int:
@@ -74,7 +102,9 @@ def summarize(df: pd.DataFrame, copy_gbps: float | None = None) -> str:
     wins = ps["oracle_variant"].value_counts()
     lines.append("Oracle variant counts: " + ", ".join(f"{k} {v}" for k, v in wins.items()) + "\n")
     if copy_gbps:
-        fl = hbm_floor(ps[ps["m"] <= 64], copy_gbps)
+        # The floor's bytes are a dense GEMM's (one weight): an MoE stage reads up to E of them.
+        dense = ps["e"] == 1 if "e" in ps.columns else ps["m"] > 0
+        fl = hbm_floor(ps[(ps["m"] <= 64) & dense], copy_gbps)
         lines.append(f"### Decode (M <= 64) vs HBM floor (copy bandwidth {copy_gbps:.0f} GB/s)\n")
         lines.append("| dtype | M | N | K | weight MB | floor us | oracle us | oracle % floor | cuBLAS % floor |")
         lines.append("|---|---|---|---|---|---|---|---|---|")

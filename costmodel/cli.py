@@ -17,16 +17,36 @@ def _fail(msg: str) -> int:
     return 2
 
 
+def _default_dtype(op: str) -> str:
+    """The dtype a command uses for an op when none is given: the first the op accepts (registry
+    ``dtypes``: bf16 for gemm and moe, fp8 for fp8_blockscale, which takes nothing else)."""
+    from gemm_costmodel import registry
+
+    return registry.get(op).dtypes[0]
+
+
+def _check_op_dtypes(op: str, dtypes) -> None:
+    """ValueError naming the dtypes the op accepts when one of ``dtypes`` is not among them."""
+    from gemm_costmodel import registry
+
+    accepted = registry.get(op).dtypes
+    for d in dtypes:
+        if d not in accepted:
+            raise ValueError(f"op {op} does not take dtype {d}; it takes: {', '.join(accepted)}")
+
+
 def _shapes_from_args(args):
     from gemm_costmodel import registry
     from gemm_costmodel.data import shapes as S
 
     spec = registry.get(args.op)
     out = []
-    for dtype in args.dtype:
+    for dtype in args.dtype or [_default_dtype(args.op)]:
         if args.shapes:
-            out += [s for s in S.read_shape_csv(args.shapes, default_dtype=dtype)
-                    if s.dtype == dtype or len(args.dtype) == 1]
+            # Every problem field the op declares (MoE: E, top_k, stage, routing), read as the op's
+            # problems, so a user's shapes take the same harness path as a suite's.
+            out += [s for s in S.read_problem_csv(args.shapes, args.op, default_dtype=dtype)
+                    if s.dtype == dtype or len(args.dtype or ()) <= 1]
         else:
             out += spec.suite(args.suite, dtype)
     out = list(dict.fromkeys(out))
@@ -191,8 +211,13 @@ def cmd_configs(args) -> int:
     from gemm_costmodel import registry
 
     spec = registry.get(args.op)
-    for dtype in args.dtype:
-        cfgs = spec.configs(args.arch, dtype)
+    dtypes = args.dtype or list(spec.dtypes)
+    try:
+        _check_op_dtypes(args.op, dtypes)
+        spaces = [(dtype, spec.configs(args.arch, dtype)) for dtype in dtypes]
+    except ValueError as exc:  # a dtype the op refuses, an unknown arch
+        return _fail(str(exc))
+    for dtype, cfgs in spaces:
         by = Counter(c.variant for c in cfgs)
         print(f"{args.op} {args.arch} {dtype}: {len(cfgs)} candidates ({', '.join(f'{k} {v}' for k, v in by.items())})")
     return 0
@@ -210,11 +235,9 @@ def cmd_dataset(args) -> int:
                 print(path)
             return 0
         paths = args.files or None
-        df = D.load_dataset(paths, root=args.root)
         if args.action == "validate":
-            print(f"ok: {len(df)} rows, {df.drop_duplicates(['dtype', 'm', 'n', 'k']).shape[0]} shapes, "
-                  f"schema {D.schema_hash()}")
-            return 0
+            return _validate_dataset(paths, args.root)
+        df = D.load_dataset(paths, root=args.root)
         from gemm_costmodel.data import datacard
 
         rem = None
@@ -230,6 +253,31 @@ def cmd_dataset(args) -> int:
         return 0
     except (OSError, ValueError) as exc:
         return _fail(str(exc))
+
+
+def _validate_dataset(paths, root: str) -> int:
+    """`dataset validate`: the schema of every file, then each op's fields, candidate ids, values and
+    conflicting duplicates on the raw rows (data.checks); exit 2 with every problem listed, or "ok"
+    with the problems counted per op by the op's full key (MoE: E, top_k, stage and routing too)."""
+    import pandas as pd
+
+    from gemm_costmodel.data import checks
+    from gemm_costmodel.data import dataset as D
+
+    paths = list(paths) if paths is not None else D.dataset_files(root)
+    if not paths:
+        raise D.DataError(f"{root}: no data files")
+    raw = pd.concat([D.read_file(str(p)) for p in paths], ignore_index=True)
+    errors = checks.check_rows(raw)
+    if errors:
+        for e in errors:
+            print(f"costmodel: error: {e}", file=sys.stderr)
+        return 2
+    rows = len(D.merge_duplicates(D.demote_oom_eval_shapes(raw)[0]))
+    counts = checks.problem_counts(raw)
+    print(f"ok: {rows} rows, {sum(counts.values())} shapes (problems by each op's full key: "
+          + ", ".join(f"{op} {n}" for op, n in counts.items()) + f"), schema {D.schema_hash()}")
+    return 0
 
 
 def cmd_import(args) -> int:
@@ -333,9 +381,61 @@ def _save_booster(model, df, path: str) -> None:
         json.dump(side, fh, indent=1)
 
 
+def _shipped_models_dirs() -> set[str]:
+    """The folders the runtime serves the shipped models from (the installed package's models/)."""
+    from gemm_costmodel.serving.runtime import DEFAULT_MODELS_DIR
+
+    out = {os.path.realpath(DEFAULT_MODELS_DIR)}
+    try:
+        import gemm_costmodel.models as pkg
+
+        out.add(os.path.realpath(os.path.dirname(os.path.abspath(pkg.__file__))))
+    except ImportError:  # pragma: no cover - the package always ships models/
+        pass
+    return out
+
+
+def _writable_dir(path: str) -> str | None:
+    """None when files can be created in folder ``path`` (made if missing), else why not. Tried by
+    writing a file, not with os.access: that says yes to root on a read-only mount."""
+    import tempfile
+
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".costmodel-write-check-"):
+            pass
+    except OSError as exc:
+        return f"{path}: cannot write there ({exc.strerror or exc})"
+    return None
+
+
+def _check_train_outputs(args) -> str | None:
+    """Before any training: where ``train`` would write must be given, must not be the shipped
+    models unless --force says so, and must be writable. An error message, or None."""
+    outputs = []
+    if not args.no_export:
+        if args.out is None:
+            return "give --out DIR, the folder for the new model (the shipped models/ folder only with --force)"
+        # `run` has no --force (its output folder is its own concern); train's is False unless given.
+        if getattr(args, "force", True) is False and os.path.realpath(args.out) in _shipped_models_dirs():
+            return (f"--out {args.out} is the shipped models folder: training would replace a shipped model; "
+                    "pass --force to do that, or give another --out")
+        outputs.append(args.out)
+    if args.booster:
+        outputs.append(os.path.dirname(os.path.abspath(args.booster)))
+    for folder in outputs:
+        why = _writable_dir(folder)
+        if why:
+            return why
+    return None
+
+
 def cmd_train(args) -> int:
     from gemm_costmodel.learning import pipeline
 
+    problem = _check_train_outputs(args)
+    if problem:
+        return _fail(problem)
     cfg, df, err = _config_and_frame(args)
     if err:
         return err
@@ -344,6 +444,12 @@ def cmd_train(args) -> int:
         df = df[df["gpu_name"].astype(str).isin(args.train_gpu)]
         if df.empty:
             return _fail(f"--train-gpu: no rows of {', '.join(args.train_gpu)} in the data")
+    try:
+        # Too little data to learn from would still give a model, and replace a good one.
+        least = getattr(args, "min_problems", None)
+        pipeline.check_enough_data(df, cfg, pipeline.MIN_PROBLEMS_PER_DTYPE if least is None else least)
+    except ValueError as exc:
+        return _fail(f"cannot train: {exc}")
     try:
         # Data that passed validation can still give nothing to learn (no stable row of a
         # dtype, no shape with two candidates): the model code says so with a ValueError.
@@ -547,18 +653,43 @@ def cmd_adapt(args) -> int:
     return 0
 
 
+def _missing_select_fields(args) -> str | None:
+    """The first problem field of the op beyond (M, N, K, dtype, E, top_k) that its Problem has no
+    default for and the command line left out (moe: stage; routing defaults to balanced)."""
+    import dataclasses
+
+    from gemm_costmodel import registry
+
+    spec = registry.get(args.op)
+    fields = {f.name: f for f in dataclasses.fields(spec.space_module().Problem)}
+    for name in spec.extra_problem_fields():
+        f = fields.get(name)
+        needed = f is not None and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if needed and getattr(args, name, None) is None:
+            return name
+    return None
+
+
 def cmd_select(args) -> int:
     """Print the dispatcher's decision (or top k) for one problem."""
     import warnings
 
     from gemm_costmodel.serving.runtime import Dispatcher
 
+    dtype = args.dtype or _default_dtype(args.op)
+    try:
+        _check_op_dtypes(args.op, [dtype])
+        missing = _missing_select_fields(args)
+    except ValueError as exc:
+        return _fail(str(exc))
+    if missing:
+        return _fail(f"op {args.op} needs the problem field {missing!r}: give --{missing.replace('_', '-')}")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:  # a bad --gpu or COSTMODEL_GPU_SPECS fails at construction, a bad problem at rank
             d = Dispatcher(gpu_name=args.gpu, models_dir=args.models, op=args.op)
             extra = {f: getattr(args, f) for f in ("stage", "routing") if getattr(args, f, None) is not None}
-            choices = d.rank(args.m, args.n, args.k, args.dtype, count=args.top, e=args.e, top_k=args.top_k,
+            choices = d.rank(args.m, args.n, args.k, dtype, count=args.top, e=args.e, top_k=args.top_k,
                              **extra)
         except ValueError as exc:
             return _fail(str(exc))
@@ -731,8 +862,11 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--suite", default="foundation",
                      help="a shape suite of the op (gemm: foundation, train; fp8_blockscale: train, eval, gate; "
                           "moe: train, train_skewed, eval, vllm, gate)")
-    src.add_argument("--shapes", help="CSV with columns M,N,K[,dtype]")
-    b.add_argument("--dtype", nargs="+", default=["bf16"], choices=["bf16", "fp16", "fp8"])
+    src.add_argument("--shapes", help="CSV with one column per problem field of the op: M,N,K[,dtype] "
+                     "(moe: M,N,K,E,top_k,stage[,routing][,dtype]; routing default balanced); unknown columns "
+                     "are refused")
+    b.add_argument("--dtype", nargs="+", default=None, choices=["bf16", "fp16", "fp8"],
+                   help="default: the op's first dtype (bf16; fp8 for fp8_blockscale)")
     b.add_argument("--mode", default="all", help="'all' (evaluation shapes), 'sample:K' (K random Triton configs + cuBLAS), 'variant:NAME[,NAME]' (one variant's configs + cuBLAS) or 'pick:CSV' (the configs a CSV with columns key, candidate lists per problem key + cuBLAS)")
     b.add_argument("--shard", default="0/1", help="i/n: take shapes with hash %% n == i")
     b.add_argument("--devices", type=int, default=0, help="spawn one process per GPU")
@@ -776,13 +910,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("configs", help="count the candidate space")
     _op_arg(c)
-    c.add_argument("--dtype", nargs="+", default=["bf16", "fp16", "fp8"])
+    c.add_argument("--dtype", nargs="+", default=None, help="default: every dtype the op takes")
     c.add_argument("--arch", default="sm90")
     c.set_defaults(func=cmd_configs)
 
     t = sub.add_parser("train", help="train the cost model on benchmark data and export it to ONNX")
     _model_args(t, train=True)
-    t.set_defaults(func=cmd_train)
+    # train never writes into the shipped models/ by default (a few rows once replaced a model of
+    # half a million): --out is required to export, --force to write into models/ itself.
+    t.set_defaults(func=cmd_train, out=None)
+    t.add_argument("--force", action="store_true",
+                   help="allow --out to be the shipped models folder (replaces the shipped model of the op)")
+    t.add_argument("--min-problems", type=int, default=None,
+                   help="refuse to train when a dtype has fewer problems with two or more trainable candidates "
+                        "(default: learning.pipeline.MIN_PROBLEMS_PER_DTYPE, 20)")
 
     e = sub.add_parser("evaluate", help="held-out evaluation against the baselines; writes a report")
     _model_args(e, report=True)
@@ -803,7 +944,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("m", type=int)
     q.add_argument("n", type=int)
     q.add_argument("k", type=int)
-    q.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp8"])
+    q.add_argument("--dtype", default=None, choices=["bf16", "fp16", "fp8"],
+                   help="default: the op's first dtype (bf16; fp8 for fp8_blockscale)")
     q.add_argument("--gpu", default="NVIDIA H100 80GB HBM3", help="GPU name (default: H100 SXM)")
     q.add_argument("--models", default=None, help="model folder (default: the shipped models)")
     q.add_argument("--top", type=int, default=1, help="show the model's top k")

@@ -214,3 +214,112 @@ def read_shape_csv(path: str, default_dtype: str = "bf16") -> list[Shape]:
                 raise ValueError(f"{path}:{lineno}: {exc}") from None
             shapes.append(Shape(m, n, k, dtype.strip(), (f"user/{path}",)))
     return shapes
+
+
+@dataclass(frozen=True)
+class ProblemShape:
+    """A user's problem of an op with fields beyond (M, N, K, dtype) (e.g. MoE's E, top_k, stage,
+    routing), in the harness's shape interface: the problem's fields read through, plus origins.
+    Equal (and hashed) by the problem alone, like ``Shape``."""
+
+    problem: object
+    origins: tuple[str, ...] = field(default=(), compare=False)
+
+    def __getattr__(self, name):
+        # Only reached for what the dataclass lacks: the problem's fields (m, n, k, dtype, e, ...).
+        # 'problem' and dunders are refused so that copy/pickle never recurse before __init__.
+        if name == "problem" or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.problem, name)
+
+    @property
+    def key(self) -> str:
+        return self.problem.key
+
+    @property
+    def family(self) -> str:
+        return self.origins[0].split("/")[0] if self.origins else "user"
+
+
+# How a problem field is spelled in messages (the CSV header is read in any case).
+_COLUMN_LABELS = {"m": "M", "n": "N", "k": "K", "e": "E"}
+
+
+def _label(name: str) -> str:
+    return _COLUMN_LABELS.get(name, name)
+
+
+def read_problem_csv(path: str, op: str = "gemm", default_dtype: str = "bf16") -> list:
+    """A user's problem list of an op: a CSV with one column per problem field the op declares
+    (registry ``problem_fields``, any case; MoE: M, N, K, E, top_k, stage, routing), ``dtype``
+    optional (else ``default_dtype``), so are fields whose Problem has a default (MoE: routing,
+    balanced) and the fields the op pins (a dense GEMM's E, top_k: checked). Unknown columns and
+    bad values raise a ValueError naming the file, the line and the column.
+
+    Ops whose problem is (M, N, K, dtype) give ``Shape``s, others ``ProblemShape``s; both are
+    what the harness measures a suite's shapes from."""
+    import dataclasses
+
+    from gemm_costmodel import registry
+
+    spec = registry.get(op)
+    problem_type = spec.space_module().Problem
+    pfields = {f.name: f for f in dataclasses.fields(problem_type)}
+    has_default = {n for n, f in pfields.items()
+                   if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
+    known = list(spec.problem_fields) + [f for f in spec.fixed if f not in spec.problem_fields]
+    required = [f for f in spec.problem_fields if f != "dtype" and f not in has_default]
+    # Integer fields: the Problem's int annotations (a string under postponed annotations).
+    ints = {n for n, f in pfields.items() if f.type in (int, "int")} | {f for f, v in spec.fixed.items()
+                                                                       if isinstance(v, int)}
+    dense = tuple(spec.problem_fields) == ("m", "n", "k", "dtype")
+    shapes = []
+    # utf-8-sig: spreadsheet exports often start with a byte-order mark.
+    with open(path, newline="", encoding="utf-8-sig") as fh:
+        reader = csv.DictReader(fh)
+        if reader.fieldnames is None:
+            raise ValueError(f"{path}: empty shape file")
+        cols: dict[str, str] = {}
+        for c in reader.fieldnames:
+            name = (c or "").strip().lower()
+            if name not in known:
+                raise ValueError(f"{path}:1: unknown column {c!r} for op {op} (its columns: "
+                                 f"{', '.join(_label(f) for f in known)})")
+            if name in cols:
+                raise ValueError(f"{path}:1: column {_label(name)} given twice")
+            cols[name] = c
+        for need in required:
+            if need not in cols:
+                raise ValueError(f"{path}:1: missing column {_label(need)} (op {op} needs "
+                                 f"{', '.join(_label(f) for f in required)}; have {reader.fieldnames})")
+        for rec in reader:
+            line = reader.line_num
+            values = {}
+            for name, col in cols.items():
+                text = rec.get(col)
+                text = text.strip() if isinstance(text, str) else ""
+                if not text:
+                    if name in required:
+                        raise ValueError(f"{path}:{line}: column {_label(name)}: empty")
+                    continue  # dtype, a defaulted or a pinned field: its default
+                if name in ints:
+                    try:
+                        values[name] = int(text)
+                    except ValueError:
+                        raise ValueError(f"{path}:{line}: column {_label(name)}: not an integer: {text!r}") from None
+                else:
+                    values[name] = text
+            values.setdefault("dtype", default_dtype)
+            try:
+                problem = spec.problem(**values)
+            except (TypeError, ValueError) as exc:
+                # The Problem's messages start with the field they reject ("e must be in 1..512").
+                first = str(exc).split(" ", 1)[0].split("=", 1)[0].lower()
+                where = f" column {_label(first)}:" if first in known else ""
+                raise ValueError(f"{path}:{line}:{where} {exc}") from None
+            origin = (f"user/{path}",)
+            if dense:
+                shapes.append(Shape(problem.m, problem.n, problem.k, problem.dtype, origin))
+            else:
+                shapes.append(ProblemShape(problem, origin))
+    return shapes

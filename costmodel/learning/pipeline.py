@@ -70,6 +70,39 @@ def load_training_frame(paths=None, root: str = "datasets", dtypes=None, arch: s
                       ).reset_index(drop=True)
 
 
+# The least a model may be trained on, per dtype: problems (the op's full key, per GPU) with at least
+# MIN_CANDIDATES_PER_PROBLEM trainable rows (timed, ok, stable). A ranking model learns from the
+# order of candidates within a problem, so a problem needs two of them; and one weight shape over
+# vLLM's M grid alone is 18 problems, so fewer than 20 cannot even describe one layer across batch
+# sizes. The shipped models learn from hundreds to thousands per dtype (models/*.json,
+# training_shapes); 10 rows would replace one of them with noise (issue 57).
+MIN_PROBLEMS_PER_DTYPE = 20
+MIN_CANDIDATES_PER_PROBLEM = 2
+
+
+def check_enough_data(df: pd.DataFrame, config: TrainConfig, min_problems: int = MIN_PROBLEMS_PER_DTYPE) -> None:
+    """DataError when a dtype of ``df`` has fewer than ``min_problems`` problems with
+    MIN_CANDIDATES_PER_PROBLEM trainable rows. A dtype without a trainable row, or data without a
+    problem of two, is left to ``train`` and the model code, whose errors say so."""
+    from gemm_costmodel.learning.model import shape_cols
+
+    rows = training_rows(df, config.stable_only)
+    if rows.empty or set(df["dtype"].astype(str)) - set(rows["dtype"].astype(str)):
+        return  # ``train`` names the dtype without a trainable row
+    per_problem = rows.groupby(shape_cols(rows), observed=True, sort=False).size()
+    usable = per_problem[per_problem >= MIN_CANDIDATES_PER_PROBLEM]
+    counts = usable.groupby(level="dtype", observed=True).size()
+    for dtype in sorted(df["dtype"].astype(str).unique()):
+        n = int(counts.get(dtype, 0))
+        if 0 < n < min_problems:
+            raise D.DataError(f"too little data to train on: dtype {dtype} has {n} problem(s) with "
+                              f"{MIN_CANDIDATES_PER_PROBLEM} or more trainable candidates, at least {min_problems} "
+                              f"needed (--min-problems to change it)")
+        if n == 0 and len(counts):
+            raise D.DataError(f"too little data to train on: dtype {dtype} has no problem with "
+                              f"{MIN_CANDIDATES_PER_PROBLEM} or more trainable candidates (leave it out with --dtype)")
+
+
 def train(df: pd.DataFrame, config: TrainConfig, log: Log = _print) -> CostModel:
     """The final model on all rows. Raises DataError for a dtype without a trainable row: the
     manifest would list it, and the runtime would serve it from a model that never saw it."""
