@@ -24,7 +24,7 @@ from gemm_costmodel.serving import features as F
 from gemm_costmodel.serving import heuristic, runtime
 from gemm_costmodel.serving.candidates import table
 from gemm_costmodel.kernels.gemm_configs import Problem, check_feasible, config_from_id
-from gemm_costmodel.serving.runtime import Choice, DispatchWarning, Dispatcher, check_problem, find_model, find_models
+from gemm_costmodel.serving.runtime import Choice, DispatchWarning, Dispatcher, check_problem, find_model, find_models, seal_manifest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARDS = [os.path.join(ROOT, "datasets", "gemm", "fp8", "eval-fp8-shard01of40.parquet"),
@@ -281,14 +281,15 @@ def _edit_manifest(folder, name="gemm-sm90.json", **changes):
     path = folder / name
     man = json.loads(path.read_text())
     man.update(changes)
-    path.write_text(json.dumps(man))
+    # Re-sealed: these tests stand for a model exported that way, not for an edited manifest.
+    path.write_text(json.dumps(seal_manifest(man)))
 
 
 def _drop_integrity_fields(folder, name="gemm-sm90.json"):
     path = folder / name
     man = json.loads(path.read_text())
     del man["onnx_bytes"], man["onnx_sha256"]
-    path.write_text(json.dumps(man))
+    path.write_text(json.dumps(seal_manifest(man)))
 
 
 def test_fallback_missing_model_folder(tmp_path):

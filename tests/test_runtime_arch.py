@@ -16,7 +16,7 @@ from gemm_costmodel.serving import hardware as H
 from gemm_costmodel.serving import runtime
 from gemm_costmodel.serving.candidates import table
 from gemm_costmodel.kernels.gemm_configs import Problem, check_feasible, config_from_id, generate_configs
-from gemm_costmodel.serving.runtime import Choice, DispatchWarning, Dispatcher
+from gemm_costmodel.serving.runtime import Choice, DispatchWarning, Dispatcher, seal_manifest
 
 from test_runtime import tiny_model_dir
 
@@ -152,7 +152,7 @@ def test_a_model_for_sm80_scores_only_sm80_candidates(tmp_path_factory, tmp_path
     man["arch"] = "sm80"
     # ... and its space that of sm80 (a manifest names the space it was trained on).
     man["config_space_hash"] = {d: table("sm80", d).space_hash for d in man["config_space_hash"] if d != "fp8"}
-    (tmp_path / "gemm-sm80.json").write_text(json.dumps(man))
+    (tmp_path / "gemm-sm80.json").write_text(json.dumps(seal_manifest(man)))
     with warnings.catch_warnings():
         warnings.simplefilter("error", DispatchWarning)
         d = Dispatcher(gpu_name=A100, models_dir=str(tmp_path))
@@ -282,12 +282,12 @@ def test_a_model_of_another_config_space_is_skipped_with_the_reason(tmp_path_fac
     current = table("sm90", "fp16").space_hash
     assert man["config_space_hash"]["fp16"] == current
     man["config_space_hash"]["fp16"] = "0123456789abcdef"
-    (tmp_path / "gemm-sm90.json").write_text(json.dumps(man))
+    (tmp_path / "gemm-sm90.json").write_text(json.dumps(seal_manifest(man)))
     d = Dispatcher(gpu_name="NVIDIA H100 80GB HBM3", models_dir=str(tmp_path))
     with pytest.warns(DispatchWarning, match="config space 0123456789abcdef for fp16, this code's is " + current):
         assert d.select(64, 4096, 4096, "fp16").source == "heuristic"
     # Manifests without the field are served unchecked.
     del man["config_space_hash"]
-    (tmp_path / "gemm-sm90.json").write_text(json.dumps(man))
+    (tmp_path / "gemm-sm90.json").write_text(json.dumps(seal_manifest(man)))
     d = Dispatcher(gpu_name="NVIDIA H100 80GB HBM3", models_dir=str(tmp_path))
     assert d.select(64, 4096, 4096, "fp16").source == "model"
