@@ -67,6 +67,12 @@ class OpSpec:
     # The decision model's cascade at export (learning.export.write_cascade): "prefix_fraction"
     # of the trees score every candidate, the rest the "keep" best; defaults there.
     cascade: dict = field(default_factory=dict)
+    # "ranker": the model scores every candidate of a Triton config space (the default); "classifier":
+    # the model names the kernel itself (class names in its manifest), served by ``dispatcher``.
+    kind: str = "ranker"
+    # 'module:Class', a subclass of serving.runtime.Dispatcher that Dispatcher(op=...) returns for
+    # this op ('' for the shared ranking dispatcher).
+    dispatcher: str = ""
 
     # -- the space (torch-free) ---------------------------------------------------------
     def space_module(self) -> ModuleType:
@@ -267,6 +273,20 @@ REGISTRY: dict[str, OpSpec] = {
         # made once per layer shape and cached, so the extra suffix scoring is cheap.
         cascade={"keep": 64},
         features="gemm_costmodel.kernels.moe.features"),
+    # AMD's CK a8w8 block-scale GEMM (AITER's gemm_a8w8_blockscale): a classifier over named CK kernels
+    # learned from AITER's published tuning tables; nothing is timed or launched here
+    # (docs/ops/ck_a8w8_blockscale.md). dtypes: fp8 operands, bf16/fp16 output: one decision for all
+    # (AITER's tables key on cu_num, M, N, K only). Held out by model family (the per-model table).
+    "ck_a8w8_blockscale": OpSpec(
+        name="ck_a8w8_blockscale", dtypes=("fp8", "bf16", "fp16"),
+        space="gemm_costmodel.kernels.ck_a8w8_blockscale.space",
+        impl="gemm_costmodel.kernels.ck_a8w8_blockscale.impl",
+        problem_fields=("m", "n", "k", "dtype"), fixed={"e": 1, "top_k": 1},
+        default_config="a8w8_blockscale_1x128x128_256x16x128x256_16x16_16x16_1x2_16x16x1_16x16x1_1x16x1x16_8_1x2_"
+                       "intrawave_v1",
+        fallback="gemm_costmodel.kernels.ck_a8w8_blockscale.space:choose", split_key=("family",),
+        features="gemm_costmodel.kernels.ck_a8w8_blockscale.features", kind="classifier",
+        dispatcher="gemm_costmodel.kernels.ck_a8w8_blockscale.serving:ClassifierDispatcher"),
 }
 DEFAULT_OP = "gemm"
 
@@ -278,5 +298,6 @@ def get(name: str) -> OpSpec:
     return REGISTRY[name]
 
 
-def names() -> list[str]:
-    return sorted(REGISTRY)
+def names(kind: str | None = None) -> list[str]:
+    """Registered op names (of one ``kind`` if given: 'ranker' or 'classifier')."""
+    return sorted(n for n, s in REGISTRY.items() if kind is None or s.kind == kind)

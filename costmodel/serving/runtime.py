@@ -453,6 +453,13 @@ class Dispatcher:
     (powers of two up to 16384), so serving starts with a warm cache.
     """
 
+    def __new__(cls, *args, op: str = "gemm", **kwargs):
+        # An op with a dispatcher of its own (registry ``dispatcher``, e.g. a classifier op naming
+        # kernels) gets an instance of that subclass; Python then runs its __init__.
+        if cls is Dispatcher and isinstance(op, str) and op in registry.REGISTRY and registry.get(op).dispatcher:
+            cls = registry._resolve(registry.get(op).dispatcher)
+        return super().__new__(cls)
+
     def __init__(self, gpu_name: str | None = None, models_dir: str | None = None, tuned_table=None,
                  cache_size: int = 65536, threads: int = 1, op: str = "gemm", precompute=None):
         if gpu_name is None:
