@@ -89,7 +89,7 @@ _SETTINGS = settings(max_examples=60, deadline=None, derandomize=True,
 
 @pytest.mark.parametrize("op", registry.names())
 def test_fuzz_registered_ops_cover_this_file(op):
-    assert op in ("gemm", "fp8_blockscale", "moe"), f"add a fuzz test for the new op {op}"
+    assert op in ("gemm", "fp8_blockscale", "moe", "ck_a8w8_blockscale"), f"add a fuzz test for the new op {op}"
 
 
 @_SETTINGS
@@ -108,3 +108,35 @@ def test_fuzz_fp8_blockscale(data):
 @given(st.data())
 def test_fuzz_moe(data):
     _fuzz("moe", data)
+
+
+_AMD = ("AMD Instinct MI300X", "AMD Instinct MI308X", "AMD Instinct MI355X", "NVIDIA H100 80GB HBM3", "MI999")
+
+
+@_SETTINGS
+@given(st.data())
+def test_fuzz_ck_a8w8_blockscale(data):
+    """The AMD classifier op: a CK kernel name feasible for K (from the op's own rule) or a ValueError."""
+    from gemm_costmodel.kernels.ck_a8w8_blockscale import space
+
+    gpu = data.draw(st.sampled_from(_AMD))
+    try:
+        d = _dispatcher("ck_a8w8_blockscale", gpu)
+    except ValueError:
+        return  # not an AMD part: refused with a reason
+    m, n, k = (data.draw(st.integers(1, 70000) | _dims) for _ in range(3))
+    dtype = data.draw(st.sampled_from(registry.get("ck_a8w8_blockscale").dtypes) | _dtype)
+    t = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = d.rank(m, n, k, dtype, count=data.draw(st.integers(1, 5) | _count)) if data.draw(st.booleans()) \
+                else [d.select(m, n, k, dtype)]
+    except ValueError:
+        return
+    finally:
+        assert time.perf_counter() - t < CALL_LIMIT_S
+    assert out
+    for c in out:
+        assert isinstance(c.candidate, str) and c.candidate.startswith("a8w8_blockscale_")
+        assert space.feasible(c.candidate, int(k))

@@ -649,6 +649,10 @@ def _choose_moe(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale,
         if tuned is not None:
             return tuned
     d = dispatcher(MOE_OP_NAME)
+    if not x.is_cuda and d.space_arch is None:
+        # CPU tensors and no GPU to rank for: torch's own grouped GEMM runs them on the CPU.
+        vendor = _MOE_OP.vendor_ids[0]
+        return vendor, vendor
     ddt = _MOE_DISPATCH_DTYPE[dt]
     up = d.select(m, 2 * inter, hidden, ddt, e, top_k, stage="gate_up", routing=routing).candidate
     down = d.select(m, hidden, inter, ddt, e, top_k, stage="down", routing=routing).candidate
