@@ -64,6 +64,12 @@ def _mode(name: str) -> str:
     # Round 3 and the block-scale op's picks (retired driver device_picks.sh in git history).
     if name.startswith("moe-trainactive3"):
         return "pick:benchmarks/results/moe/active/picks3.csv"
+    # The MoE op's first H200 rows (benchmarks/campaigns/moe-h200.txt): one adaptation round on the
+    # shipped model's picks, and its random-sampling control (8 sampled configs per problem).
+    if name.startswith(("moe-adapt0-h200-", "moe-adapt0-fp8-h200-")):
+        return "pick:benchmarks/results/moe/h200/picks-r0.csv"
+    if name.startswith(("moe-train-h200-", "moe-train-fp8-h200-")):
+        return "sample:8"
     if name.startswith("fp8bs-trainactive-"):
         return "pick:benchmarks/results/fp8_blockscale/active/picks.csv"
     # The block-scale GEMV's rows on training shapes measured before it (retired driver device_fp8bs_gemv.sh in git history),
