@@ -3,10 +3,20 @@
 # drivers that used to live beside it are in git history (issue 56); a campaign is now a file
 # under benchmarks/campaigns/.
 
+# pid_alive PID: true while PID runs. A driver that exited but that its new parent (the driver is
+# detached, so a subreaper inherits it) has not reaped yet is a zombie, which kill -0 still finds:
+# taken for alive, it kept a resumed campaign from starting (tests/test_device_scripts.py).
+pid_alive() {
+    local st
+    kill -0 "$1" 2>/dev/null || return 1
+    st=$(ps -o stat= -p "$1" 2>/dev/null) || return 0  # no ps here: trust kill -0
+    case "$st" in Z*) return 1 ;; esac
+}
+
 # driver_needed RUN DONE: true when no driver of RUN is alive (pid in RUN/pid) and its "finished"
 # marker DONE is absent, i.e. this call must start one.
 driver_needed() {
-    ! kill -0 "$(cat "$1/pid" 2>/dev/null)" 2>/dev/null && [ ! -f "$2" ]
+    ! pid_alive "$(cat "$1/pid" 2>/dev/null)" && [ ! -f "$2" ]
 }
 
 # resume_shards RUN FILE...: each committed shard FILE (.jsonl.gz) unzipped into RUN unless it is
@@ -30,7 +40,7 @@ watch_and_collect() {
     local run="$1" out="$2" wait_s="$3" only_new="${4:-}" interval="${5:-20}" start alive counts f
     start=$(date +%s)
     while :; do
-        alive=0; kill -0 "$(cat "$run/pid")" 2>/dev/null && alive=1
+        alive=0; pid_alive "$(cat "$run/pid")" && alive=1
         counts=$(for f in "$run"/*.jsonl; do [ -f "$f" ] && printf "%s=%s " "$(basename "$f" .jsonl)" "$(wc -l <"$f")"; done)
         echo "$(date +%T) alive=$alive $counts"
         [ "$alive" = 0 ] && break
