@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Keep the work tree under the device tool's 64 MiB limit around a device call (benchmarks/NOTES.md):
+# Keep the work tree under the device tool's 64 MiB limit around a device call (docs/decisions/005-the-device-tool-s-64-mib-working.md):
 # `stash` moves every tracked file larger than COSTMODEL_STASH_MIN_BYTES (default 100000) out of
 # the tree, except the shipped ONNX models and any path matching a KEEP pattern (an extended
 # regular expression on the path, e.g. 'datasets/raw/moe-' to let a sweep resume its shards);

@@ -1,10 +1,22 @@
-# Sourced by the benchmarks/device_*.sh drivers: what every call shares (start or resume the
-# driver, then watch it and collect its shards).
+# Sourced by benchmarks/device_campaign.sh (and any one-off driver): what every device call shares
+# (start or resume the driver, then watch it and collect its shards). The one-off campaign
+# drivers that used to live beside it are in git history (issue 56); a campaign is now a file
+# under benchmarks/campaigns/.
+
+# pid_alive PID: true while PID runs. A driver that exited but that its new parent (the driver is
+# detached, so a subreaper inherits it) has not reaped yet is a zombie, which kill -0 still finds:
+# taken for alive, it kept a resumed campaign from starting (tests/test_device_scripts.py).
+pid_alive() {
+    local st
+    kill -0 "$1" 2>/dev/null || return 1
+    st=$(ps -o stat= -p "$1" 2>/dev/null) || return 0  # no ps here: trust kill -0
+    case "$st" in Z*) return 1 ;; esac
+}
 
 # driver_needed RUN DONE: true when no driver of RUN is alive (pid in RUN/pid) and its "finished"
 # marker DONE is absent, i.e. this call must start one.
 driver_needed() {
-    ! kill -0 "$(cat "$1/pid" 2>/dev/null)" 2>/dev/null && [ ! -f "$2" ]
+    ! pid_alive "$(cat "$1/pid" 2>/dev/null)" && [ ! -f "$2" ]
 }
 
 # resume_shards RUN FILE...: each committed shard FILE (.jsonl.gz) unzipped into RUN unless it is
@@ -28,7 +40,7 @@ watch_and_collect() {
     local run="$1" out="$2" wait_s="$3" only_new="${4:-}" interval="${5:-20}" start alive counts f
     start=$(date +%s)
     while :; do
-        alive=0; kill -0 "$(cat "$run/pid")" 2>/dev/null && alive=1
+        alive=0; pid_alive "$(cat "$run/pid")" && alive=1
         counts=$(for f in "$run"/*.jsonl; do [ -f "$f" ] && printf "%s=%s " "$(basename "$f" .jsonl)" "$(wc -l <"$f")"; done)
         echo "$(date +%T) alive=$alive $counts"
         [ "$alive" = 0 ] && break
@@ -44,23 +56,8 @@ watch_and_collect() {
     tail -n 30 "$run/driver.err"
 }
 
-# decode_problems FILE [DTYPE STAGE]: "M,N,K,dtype" of every MoE evaluation, vLLM-tuned and training
-# problem the GEMV runs (M <= space.GEMV_MAX_M), both dtypes: the --only list of the MoE decode sweeps
-# (device_moe_cold.sh, device_moe_spec.sh). With DTYPE and STAGE, only that dtype's problems of that
-# stage, with a stage column (device_moe_recip.sh).
-decode_problems() {
-    python3 -c "import sys
-from gemm_costmodel.kernels.moe import space, suites
-dtype, stage = (sys.argv[1:] + [None, None])[:2]
-print('M,N,K,dtype' + (',stage' if stage else ''))
-for dt in (dtype,) if dtype else ('bf16', 'fp8'):
-    for s in suites.eval_suite(dt) + suites.vllm_suite(dt) + suites.training_suite(dt):
-        if s.m <= space.GEMV_MAX_M and s.stage == (stage or s.stage):
-            print(f'{s.m},{s.n},{s.k},{dt}' + (f',{stage}' if stage else ''))" "${@:2}" >"$1"
-}
-
 # card_tag: this machine's GPU model in lower case ("h100", "h200"), or "gpu" if none is named
-# (a call for H100s may be given H200s: the H100-only drivers check it before measuring).
+# (a call for H100s may be given H200s: an H100-only campaign checks it before measuring).
 card_tag() {
     local t
     t=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o -i 'h[0-9]00' | tr A-Z a-z)
@@ -95,7 +92,7 @@ collect_tar() {
     fi
 }
 
-# sweep_driver RUN OUT WAIT SCRIPT [SHARD...]: the one-driver scheme of the single-sweep drivers.
+# sweep_driver RUN OUT WAIT SCRIPT [SHARD...]: the one-driver scheme of a single-sweep driver.
 # Unless a driver of RUN is alive or RUN/done exists, resume the committed SHARDs into RUN and start
 # SCRIPT (bash, with $run set to RUN; a failing step must exit non-zero) in its own session, so it
 # outlives this call, touching RUN/done only when SCRIPT succeeds; then collect_tar every 20 s.
@@ -110,16 +107,4 @@ sweep_driver() {
         echo $! >"$run/pid"
     fi
     collect_tar "$run" "$out" "$wait_s" 20
-}
-
-# fp8bs_eval_rerun TAG OUT WAIT: one more complete run, on an H100, of the fp8_blockscale evaluation
-# shapes listed in benchmarks/results/fp8_blockscale/TAG_eval_shapes.csv, every candidate in one run
-# per shape, as the shard fp8bs-TAG-eval-h100 (device_fp8bs_redo3.sh, device_fp8bs_redo4.sh).
-fp8bs_eval_rerun() {
-    local tag="$1" out="$2" wait_s="$3"
-    require_card h100
-    sweep_driver "/tmp/fp8bs$tag" "$out" "$wait_s" "
-    python3 -m gemm_costmodel.cli bench --op fp8_blockscale --suite eval --dtype fp8 --mode all \
-        --only benchmarks/results/fp8_blockscale/${tag}_eval_shapes.csv --out \$run --quiet \
-        --name fp8bs-$tag-eval-h100" datasets/raw/fp8bs-"$tag"-eval-h100-*.jsonl.gz
 }

@@ -160,7 +160,7 @@ def main(argv=None) -> int:
             # The timed decisions back to back (a cold select per new problem, as a server meets
             # them), then the phase probes in a pass of their own: instrumentation that runs the
             # whole model between two timed decisions evicts the cascade's trees from the CPU's
-            # caches and slows the next decision (models/NOTES.md, "A finer shortlist").
+            # caches and slows the next decision (docs/decisions/038-a-finer-shortlist.md, "A finer shortlist").
             for p in probs:
                 timed_select(p)
             agree = sum(pk == probe_phases(p) for p, pk in zip(probs, picks))

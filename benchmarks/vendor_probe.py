@@ -9,7 +9,7 @@ The kernel names say which tile and split-K cuBLAS really ran, so they check how
 well the heuristic (a host call a runtime could make) predicts it. Also writes
 ``cublaslt.csv``, cuBLAS's kernel per shape as numbers (tile along M and N,
 split-K, CTAs per cluster, waves). Tried as cost-model features and rejected:
-see models/NOTES.md.
+see docs/decisions/.
 
     python -m gemm_costmodel.benchmarks.vendor_probe --shapes SHAPES.csv --out OUT
 """

@@ -164,24 +164,11 @@ REGISTRY: dict[str, OpSpec] = {
         split_key=("n", "k"),
         suites={"foundation": "gemm_costmodel.data.shapes:foundation_suite",
                 "train": "gemm_costmodel.data.shapes:training_suite"},
-        # 24 kept: with 1% rank grades the 20-tree prefix's best 16 missed the whole model's pick
-        # on 2 of 500 cold problems (M = 2 GEMV near-ties); 24 agrees on all 500 (16 did with 3%
-        # grades: benchmarks/results/runtime/h100-host-cascade/), at little more onnxruntime time.
-        # 32 kept since M <= 2 got trees of its own: 24 missed 1 of 500 cold problems (fp8
-        # 2x2048x14336, the whole model's pick 29th by the prefix), 32 none of those 500 and the
-        # 589 H100 evaluation shapes. 16 kept since the shortlist narrowed (a bucket per power of
-        # 2 of M, below): it agrees with the whole model on 3,500 of 3,500 problems (500 cold
-        # benchmark ones, 3,000 training ones; 12 kept missed 4, 8 missed 37;
-        # benchmarks/explore/cascade_check.py --op gemm --cold 500 --train 3000 --keep K).
+        # 16 kept: the prefix's best 16 hold the whole model's pick on 3,500 of 3,500 problems
+        # (docs/decisions/063-gemm-model-defaults.md).
         cascade={"keep": 16},
-        # 1% grade steps: the GEMV configs of an M = 1 weight sit within 1-4% of each other (memory
-        # bound, timed to well under 1%), so 3% grades left the ranker indifferent among them
-        # (models/NOTES.md, "Finer rank grades"). M <= 2 (where the GEMV runs) gets trees of its
-        # own: shared trees made the held-out picks at M > 2 0.1-0.5% slower in absolute time
-        # (models/NOTES.md, "Decode trees of their own"). The shortlist: a bucket per power of 2
-        # of M up to 4096 and configs within 3% of a training shape's best, a median of 66
-        # candidates scored per cold decision instead of 135 (four buckets, 5%), with the same
-        # pick on every held-out shape of the family folds (models/NOTES.md, "A finer shortlist").
+        # 1% grades (GEMV near-ties), M <= 2 trees of their own and a power-of-2-of-M shortlist:
+        # docs/decisions/063-gemm-model-defaults.md.
         train_defaults={"rank_step": 1.01, "split_m": 2, "shortlist_tol": 1.03,
                         "shortlist_edges": (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)}),
     # vLLM's w8a8 block-fp8 linear; the vendor candidate is torch._scaled_mm with cuBLASLt's
@@ -196,42 +183,16 @@ REGISTRY: dict[str, OpSpec] = {
                 "eval": "gemm_costmodel.kernels.fp8_blockscale.suites:eval_suite",
                 "gate": "gemm_costmodel.kernels.fp8_blockscale.suites:gate_suite"},
         baselines="gemm_costmodel.kernels.fp8_blockscale.baselines:scores",
-        # No shortlist: with ~600 training shapes, a per-M-bucket shortlist of configs within 5%
-        # of a training shape's best dropped the best config of held-out shapes (leave-family-out
-        # geomean 1.035 with it, 1.029 without; models/report/fp8_blockscale/). With 2,776 training
-        # shapes, leave-family-out: 100 trees of depth 6 at eta 0.2 gave 1.021 (p99 1.20), 200 of
-        # depth 8 at 0.1 1.012, 300 of depth 8 at 0.1 1.010 (p99 1.08, match 79%); chosen on
-        # those folds, so with some selection on them.
+        # No shortlist, 300 trees of depth 8 (leave-family-out 1.010), 1% grades, no vendor margin,
+        # M = 1 trees fitted on every M (M = 1 weighted 20): docs/decisions/064-fp8bs-model-defaults.md.
         train_defaults={"shortlist_tol": 0.0, "n_estimators": 300, "max_depth": 8, "learning_rate": 0.1,
-                        # 1% rank grades measured better on the family folds (1.010 -> 1.009,
-                        # match 80.9% -> 82.8%; models/NOTES.md, "Finer rank grades").
-                        # No vendor margin: 0.5 once kept the vendor rule (never >2% slower than
-                        # the vendor) on the family folds; on the current data no margin breaks it
-                        # on either fold scheme, and 0.5 cost 1.3% of match (models/NOTES.md,
-                        # "The vendor margin retired").
-                        # M = 1 gets trees of its own, while the M > 1 trees are fitted on every
-                        # query as before (split_high_rows "all": without the M = 1 queries the
-                        # M > 1 picks lost 5 points of match). Trees of M = 1 alone took its
-                        # match from 25.1 to 27.1 of 37 shapes over seeds 0-9, the M > 1 picks
-                        # unchanged (models/NOTES.md, "M = 1 trees of their own"); fitted on every
-                        # query with the M = 1 ones weighted 20 (split_low_rows "all"), as now,
-                        # over seeds 0-19 27.45 against 26.85 of 37 within
-                        # 2% (+0.5 on the ten confirmation seeds), worst case 1.146 against 1.518,
-                        # and they order the tiled configs (vLLM's M = 1 key) as the M > 1 trees do
-                        # (models/NOTES.md, "A low side fitted on every M").
                         "rank_step": 1.01, "split_m": 1, "split_high_rows": "all",
                         "split_low_rows": "all", "split_low_weight": 20.0},
-        # 48 kept: after the retrain on the model-guided picks, the 60-tree prefix's best 32 missed
-        # the whole model's pick on 1 of 455 problems (157 evaluation shapes, 300 sampled training
-        # ones; 512x7168x128, the whole model's second by 1.43 in score), 48 and 64 on none
-        # (benchmarks/explore/cascade_check.py --op fp8_blockscale). After the retrain on every
-        # training weight's M = 1 GEMV and shards 13-16, 48 miss 1 of 455 (100x1536x1536: a config
-        # 1.018x off the whole model's, which is the oracle), and so do 56 and 64; 96 miss none.
-        # Kept at 48: the miss is within 2%, and each 8 more kept rows cost the suffix's 240 trees.
+        # 48 kept: the miss left at 48 is within 2% of the whole model's pick, and each 8 more kept
+        # rows cost the suffix's 240 trees (docs/decisions/064-fp8bs-model-defaults.md).
         cascade={"keep": 48},
-        # The power-of-two part of N and K: the M = 1 GEMV's best config follows it, and the M > 1
-        # picks gained too (held-out match within 2% 87.9% -> 89.0% over seeds 0-4, every seed
-        # better; models/NOTES.md, "Power-of-two features").
+        # The M = 1 GEMV's best config follows the power-of-two part of N and K; held-out match
+        # 87.9% -> 89.0% (docs/decisions/064-fp8bs-model-defaults.md).
         extra_features=("log2_n_pow2", "log2_k_pow2"),
         features="gemm_costmodel.kernels.fp8_blockscale.features"),
     # Fused MoE layer (vLLM's fused_experts): two stages (gate_up, down), each a grouped GEMM with
@@ -253,24 +214,12 @@ REGISTRY: dict[str, OpSpec] = {
                         "log2_t_waves_real_us", "gemv_log2_programs", "gemv_k_steps", "gemv_acc_per_thread",
                         "gemv_log2_occupancy", "gemv_waves", "gemv_log2_inflight_kb", "gemv_log2_serial_steps"),
         baselines="gemm_costmodel.kernels.moe.baselines:scores",
-        # Leave-family-out over the 200 fully measured shapes (models/report/moe/): 300 trees at
-        # eta 0.1 gave geomean 1.012, worst 1.08, against 1.014 and 1.19 for 100 at 0.2; deeper
-        # trees, the normalized or log-latency targets and eval_weight 1 were worse. No shortlist
-        # (as for fp8_blockscale: few training shapes).
-        # 1% rank grades: every held-out geomean (both dtypes, balanced and skewed) went down with
-        # them, by 0.04-0.25% (models/NOTES.md, "Finer rank grades", MoE).
-        # Decode queries (M <= 4) weighted 4x: once the GEMV compiled per weight shape, the bf16 M = 1
-        # picks went from 1.028x to 1.006x off the oracle and the bf16 balanced worst case from 1.135
-        # to 1.067 (leave-family-out; fp8 and skewed within 0.1%; models/NOTES.md, "The MoE GEMV
-        # compiled per weight shape").
-        # M <= 4 (the GEMV's range) with trees of its own: held-out bf16 balanced 1.0114 -> 1.0060,
-        # worst 1.134 -> 1.105 (models/NOTES.md, "Decode trees of their own", MoE).
+        # 300 trees at eta 0.1, no shortlist (few training shapes), 1% grades, decode queries (M <= 4)
+        # weighted 4 with trees of their own: docs/decisions/065-moe-model-defaults.md.
         train_defaults={"shortlist_tol": 0.0, "n_estimators": 300, "learning_rate": 0.1, "rank_step": 1.01,
                         "decode_weight": 4, "split_m": 4},
-        # 64 kept: after the retrain on the fp8 down GEMV's rows, the 60-tree prefix's best 32 missed
-        # the whole model's pick on 15 of 676 problems (the 376 evaluation stage shapes and 300
-        # sampled training ones), 48 on 2, 64 on 1, 96 on none (models/NOTES.md). A MoE decision is
-        # made once per layer shape and cached, so the extra suffix scoring is cheap.
+        # 64 kept: 1 miss in 676 problems, and a MoE decision is cached per layer shape, so the
+        # extra suffix scoring is cheap (docs/decisions/065-moe-model-defaults.md).
         cascade={"keep": 64},
         features="gemm_costmodel.kernels.moe.features"),
     # AMD's CK a8w8 block-scale GEMM (AITER's gemm_a8w8_blockscale): a classifier over named CK kernels

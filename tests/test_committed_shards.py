@@ -14,6 +14,9 @@ from gemm_costmodel.benchmarks import harness as H
 from gemm_costmodel.kernels.gemm_configs import VARIANTS
 from gemm_costmodel.data.shapes import Shape
 
+# Every test here re-reads committed shards: run after the main suite (.ci/run, issue 56).
+pytestmark = pytest.mark.data
+
 SHARDS = sorted(glob.glob("datasets/raw/*-shard*.jsonl.gz"))
 NAME = re.compile(r"(?P<sweep>.+)-shard(?P<i>\d+)of(?P<n>\d+)\.jsonl\.gz$")
 
@@ -30,42 +33,48 @@ def _mode(name: str) -> str:
     # shapes measured before they existed.
     if name.startswith("swapab-train-"):
         return "variant:swapab,swapab_tma"
-    # The GEMV sweeps (benchmarks/device_gemv.sh): its configs, plus TMA swap-AB on more M = 1
+    # The GEMV sweeps (retired driver device_gemv.sh in git history): its configs, plus TMA swap-AB on more M = 1
     # shapes. Those shapes' GEMV rows were measured again (gemv3-train-m1, the GEMV compiled per
     # weight shape) and moved out of gemv2-train-m1, which keeps its TMA swap-AB and cuBLAS rows.
     if name.startswith("gemv2-train-m1-"):
         return "variant:swapab_tma"
     if name.startswith(("gemv2-train-", "gemv3-train-")):
         return "variant:gemv"
-    # MoE swap-AB rows (benchmarks/device_moe_swapab.sh) on training shapes measured before it.
+    # MoE swap-AB rows (retired driver device_moe_swapab.sh in git history) on training shapes measured before it.
     if name.startswith("moe-trainswapab-"):
         return "variant:swapab"
-    # MoE GEMV rows (benchmarks/device_moe_gemv.sh): its configs on the training and gate shapes.
+    # MoE GEMV rows (retired driver device_moe_gemv.sh in git history): its configs on the training and gate shapes.
     if name.startswith(("moe-traingemv-", "gate-moegemv-", "gate-moecold-")):
         return "variant:gemv"
     # The MoE M <= 4 training problems measured again with expert-rotating copies
-    # (benchmarks/device_moe_cold.sh): three sweeps into one shard; its GEMV rows moved out when the
+    # (retired driver device_moe_cold.sh in git history): three sweeps into one shard; its GEMV rows moved out when the
     # GEMV began compiling per weight shape (superseded-*-gemvrows), the GEMV being a later variant.
     if name.startswith("moe-traincold-"):
         return "variant:gemv+variant:swapab+sample:24"
     # Those problems' GEMV and vendor rows again, the GEMV compiled per weight shape
-    # (benchmarks/device_moe_spec.sh); the fp8 down problems' GEMV rows once more, quantising by
-    # the reciprocal (benchmarks/device_moe_recip.sh; fp8 has no vendor).
+    # (retired driver device_moe_spec.sh in git history); the fp8 down problems' GEMV rows once more, quantising by
+    # the reciprocal (retired driver device_moe_recip.sh in git history; fp8 has no vendor).
     if name.startswith(("moe-trainspec-", "moe-trainrecip-")):
         return "variant:gemv"
-    # Model-guided training rows (benchmarks/device_moe_active.sh): the configs its CSV lists.
+    # Model-guided training rows (retired driver device_moe_active.sh in git history): the configs its CSV lists.
     if name.startswith("moe-trainactive-"):
         return "pick:benchmarks/results/moe/active/picks.csv"
     if name.startswith("moe-trainactive2-"):
         return "pick:benchmarks/results/moe/active/picks2.csv"
-    # Round 3 and the block-scale op's picks (benchmarks/device_picks.sh).
+    # Round 3 and the block-scale op's picks (retired driver device_picks.sh in git history).
     if name.startswith("moe-trainactive3"):
         return "pick:benchmarks/results/moe/active/picks3.csv"
+    # The MoE op's first H200 rows (benchmarks/campaigns/moe-h200.txt): one adaptation round on the
+    # shipped model's picks, and its random-sampling control (8 sampled configs per problem).
+    if name.startswith(("moe-adapt0-h200-", "moe-adapt0-fp8-h200-")):
+        return "pick:benchmarks/results/moe/h200/picks-r0.csv"
+    if name.startswith(("moe-train-h200-", "moe-train-fp8-h200-")):
+        return "sample:8"
     if name.startswith("fp8bs-trainactive-"):
         return "pick:benchmarks/results/fp8_blockscale/active/picks.csv"
-    # The block-scale GEMV's rows on training shapes measured before it (benchmarks/device_fp8bs_gemv.sh),
-    # once more (benchmarks/device_picks.sh), and on the training weights without M = 1 rows
-    # (benchmarks/device_fp8bs_gemv3.sh).
+    # The block-scale GEMV's rows on training shapes measured before it (retired driver device_fp8bs_gemv.sh in git history),
+    # once more (retired driver device_picks.sh in git history), and on the training weights without M = 1 rows
+    # (retired driver device_fp8bs_gemv3.sh in git history).
     if name.startswith(("fp8bs-traingemv-", "fp8bs-traingemv2-", "fp8bs-traingemv3-")):
         return "variant:gemv"
     if name.startswith("fp8bs-train-"):

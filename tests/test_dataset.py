@@ -44,6 +44,7 @@ def write_parquet(path, rows):
     return str(path)
 
 
+@pytest.mark.data  # re-reads every committed parquet file (tens of seconds)
 def test_committed_dataset_loads_typed_and_valid():
     df = D.load_dataset()
     assert len(df) > 50_000
@@ -73,6 +74,7 @@ def test_committed_dataset_loads_typed_and_valid():
     assert fams(moe[moe["eval_shape"]]) & set(MOE_HELDOUT)
 
 
+@pytest.mark.data  # re-reads every committed parquet file (tens of seconds)
 def test_committed_parquet_flags_match_what_the_build_writes():
     """Each committed parquet file holds the evaluation flags `build_parquet` gives its shard now:
     no evaluation shape of it is incomplete for the current space or has an out-of-memory row.

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import tarfile
+import time
 
 import pytest
 
@@ -87,8 +88,9 @@ driver_needed "$run" "$run/done" || echo not-needed-done
 
 
 
+@pytest.mark.slow  # two 20 s watch intervals of wall time
 def test_sweep_driver_marks_done_only_on_success_and_collects_its_shards(tmp_path):
-    # The single-sweep drivers (device_fp8bs_gemv3.sh, ...) start their script through sweep_driver:
+    # A single-sweep driver starts its script through sweep_driver:
     # a committed shard is resumed into the run folder, $run names it inside the script, the shard
     # the script writes comes back in shards.tar, and only a script that succeeds leaves "done"
     # (a failed sweep is resumed by the next call). Both run at once: each watch waits 20 s.
@@ -214,13 +216,10 @@ def test_device_tree_restore_reports_a_missing_file(tmp_path):
     assert _tree(repo, stash, "bogus").returncode == 2
 
 
-@pytest.mark.parametrize("script", ["device_picks.sh", "device_moe_redo2.sh", "device_fp8bs_gemv3.sh",
-                                    "device_fp8bs_train2.sh", "device_gemv_more.sh",
-                                    "device_gemv_m2.sh", "device_fp8bs_redo3.sh", "device_fp8bs_redo4.sh"])
-def test_h100_drivers_measure_nothing_on_another_card(tmp_path, script):
+def test_require_card_stops_on_another_card(tmp_path):
     # Picks timed on H200s made the H100 models worse (benchmarks/results/picks/README.md), and a
-    # call for H100s can be given H200s: the driver must stop before it starts any sweep (the MoE
-    # decode rerun too: it is a second run of H100 problems).
+    # call for H100s can be given H200s: an H100-only driver calls require_card h100 first and must
+    # stop (exit 2) before it starts any sweep.
     if shutil.which("bash") is None:
         pytest.skip("needs bash")
     fake = tmp_path / "bin"
@@ -229,10 +228,70 @@ def test_h100_drivers_measure_nothing_on_another_card(tmp_path, script):
     smi.write_text('#!/bin/sh\nif [ "$1" = -L ]; then echo "GPU 0: NVIDIA H200 (UUID: GPU-x)"; '
                    'else echo "NVIDIA H200"; fi\n')
     smi.chmod(0o755)
-    out = tmp_path / "out"
     env = dict(os.environ, PATH=f"{fake}{os.pathsep}{os.environ.get('PATH', '')}")
-    res = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", script), str(out), "1"],
-                         capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
-    assert res.returncode == 2, res.stderr
-    assert "h200, not h100" in res.stderr
-    assert not out.exists()  # nothing started, nothing collected
+    for want, rc in (("h100", 2), ("h200", 0), ("any", 0)):
+        res = subprocess.run(["bash", "-c", f". {HELPER}; require_card {want}; echo measured"],
+                             capture_output=True, text=True, timeout=30, env=env)
+        assert res.returncode == rc, (want, res.stderr)
+        assert ("measured" in res.stdout) == (rc == 0)
+    assert "h200, not h100" in subprocess.run(
+        ["bash", "-c", f". {HELPER}; require_card h100"], capture_output=True, text=True,
+        timeout=30, env=env).stderr
+
+
+# -- benchmarks/device_campaign.sh: the generic driver reads its sweeps from a campaign file -----
+
+CAMPAIGN = os.path.join(ROOT, "benchmarks", "device_campaign.sh")
+
+
+def test_device_campaign_runs_each_listed_sweep_and_resumes_failed_ones(tmp_path):
+    # A fake python3 on PATH logs each `costmodel bench` call and fails the sweep named "bad": the
+    # driver skips blank and comment lines, passes the rest of a line to bench as is, marks only
+    # the sweeps that succeeded done, and a resumed driver runs only the ones not done.
+    if shutil.which("bash") is None or shutil.which("setsid") is None:
+        pytest.skip("needs bash and setsid")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    log = tmp_path / "calls.log"
+    py = fake / "python3"
+    py.write_text(f'#!/bin/sh\necho "$*" >> {log}\ncase "$*" in *"--name bad "*) exit 1;; esac\n')
+    py.chmod(0o755)
+    name = f"test{os.getpid()}-{tmp_path.name}"
+    campaign = tmp_path / f"{name}.txt"
+    campaign.write_text("# a comment\n\nfirst --op moe --suite eval --dtype bf16 --mode all\n"
+                        "bad --op gemm --shard 0/8\n  \nlast --op fp8_blockscale --mode sample:8\n")
+    run = f"/tmp/campaign-{name}"  # the driver's run folder, named by the campaign file
+    env = dict(os.environ, PATH=f"{fake}{os.pathsep}{os.environ.get('PATH', '')}")
+
+    def call_and_wait(phase):
+        res = subprocess.run(["bash", CAMPAIGN, str(campaign), str(tmp_path / "out"), "0"],
+                             capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
+        for _ in range(1200):  # the driver runs detached; its "done" marker ends the campaign
+            if os.path.exists(f"{run}/done"):
+                return
+            time.sleep(0.05)
+        logs = {f: open(os.path.join(run, f)).read()[-500:] for f in ("driver.out", "driver.err", "pid")
+                if os.path.exists(os.path.join(run, f))}
+        raise AssertionError(f"the campaign driver did not finish (call {phase}): {res.stdout[-500:]} "
+                             f"{res.stderr[-500:]} {sorted(os.listdir(run)) if os.path.isdir(run) else ''} {logs}")
+
+    try:
+        call_and_wait(1)
+        calls = log.read_text().splitlines()
+        assert calls == [
+            f"-m gemm_costmodel.cli bench --out {run} --name first --quiet --op moe --suite eval --dtype bf16 --mode all",
+            f"-m gemm_costmodel.cli bench --out {run} --name bad --quiet --op gemm --shard 0/8",
+            f"-m gemm_costmodel.cli bench --out {run} --name last --quiet --op fp8_blockscale --mode sample:8"]
+        assert sorted(f for f in os.listdir(run) if f.endswith(".done")) == ["first.done", "last.done"]
+        assert "FAILED bad" in open(f"{run}/driver.err").read()
+        # a finished campaign starts nothing; with its marker gone, only the failed sweep reruns
+        log.unlink()
+        call_and_wait(2)
+        assert not log.exists()
+        os.remove(f"{run}/done")
+        # The first driver may still be an unreaped zombie here: it must not count as alive.
+        call_and_wait(3)
+        assert [c.split("--name ")[1].split()[0] for c in log.read_text().splitlines()] == ["bad"]
+    finally:
+        shutil.rmtree(run, ignore_errors=True)

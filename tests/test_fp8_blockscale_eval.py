@@ -124,6 +124,7 @@ def test_registry_wires_the_ops_baselines_and_defaults():
     assert set(spec.suites) == {"train", "eval", "gate"}
 
 
+@pytest.mark.data  # re-reads every committed fp8_blockscale parquet file
 def test_shipped_fp8_blockscale_data_is_complete():
     from gemm_costmodel.learning.pipeline import load_training_frame
 
@@ -153,6 +154,10 @@ def test_out_of_space_rows_are_skipped_by_their_problem():
             (64, 4096, 512, "bsgemv_n2k512_w4"), (64, 4096, 512, S.vllm_default().id)]
     df = pd.DataFrame(rows, columns=["m", "n", "k", "candidate"]).assign(dtype="fp8")
     assert D.out_of_space(df, "fp8_blockscale", "sm90").tolist() == [False, True, False, True, True, False]
+
+
+@pytest.mark.data  # re-reads every committed fp8_blockscale parquet file
+def test_shipped_data_skips_only_the_out_of_space_rows():
     # The shipped data: only the 160 ok GEMV rows with a tile over 2x K (K = 128 to 896, measured
     # before the rule) and the 4 failed vendor rows the vendor rule came from are skipped.
     from gemm_costmodel.learning.pipeline import load_training_frame

@@ -1,5 +1,5 @@
-"""The package layout (issue 14): serving is light at import, the deprecated aliases are
-the very same module objects, and serving never imports data or learning."""
+"""The package layout (issue 14): serving is light at import, the old top-level aliases are
+gone (issue 56), and serving never imports data or learning."""
 from __future__ import annotations
 
 import ast
@@ -23,23 +23,18 @@ def test_serving_imports_nothing_heavy(module):
 
 
 @pytest.mark.parametrize("name", ["runtime", "ops", "triton_adapter", "hardware"])
-def test_alias_is_the_same_module(name):
+def test_deprecated_alias_is_gone(name):
+    # Issue 56 removed the top-level aliases; the API lives in gemm_costmodel.serving only.
     import importlib
 
-    old = importlib.import_module(f"gemm_costmodel.{name}")
-    new = importlib.import_module(f"gemm_costmodel.serving.{name}")
-    assert old is new
-    import gemm_costmodel
-    assert getattr(gemm_costmodel, name) is new
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(f"gemm_costmodel.{name}")
 
 
 def test_public_runtime_api_unchanged():
-    import gemm_costmodel.runtime as a
-    import gemm_costmodel.serving.runtime as b
-
-    assert a is b
-    from gemm_costmodel.runtime import (Choice, DispatchWarning, Dispatcher,  # noqa: F401
-                                        default_dispatcher, rank, select)
+    from gemm_costmodel.serving.runtime import (Choice, DispatchWarning,  # noqa: F401
+                                                Dispatcher, default_dispatcher, rank,
+                                                select)
 
 
 def _imported_modules(path: str) -> set[str]:

@@ -3,7 +3,7 @@ config be made less sensitive to the weight's shape? (issue 16)
 
 Why. Issue 16's match within 2% is missed on the M = 1 picks: the shipped GEMV's 24 configs
 (`impl.fp8_blockscale_gemv_kernel`) near-tie in a shape-dependent order that a model fitted on the
-training families does not carry to a held-out family (models/NOTES.md, "fp8_blockscale on an
+training families does not carry to a held-out family (docs/decisions/046-fp8-blockscale-on-an-h200-a-gemv.md, "fp8_blockscale on an
 H200"). Its order is real, not noise (the same in every run), and wide: on the 37 M = 1 evaluation
 weights no single config is within 2% of the best GEMV on more than a third of them, and the best
 single config is 1.10-1.15x off per-shape tuning (geomean). A kernel whose configs reach the
@@ -29,7 +29,7 @@ Results (benchmarks/results/fp8_blockscale/gemv_v2/, three H200 leases, every ro
 shipped GEMV's best, PREFETCH 0.93x, persistent 0.83x, ``bits`` (e4m3 decoded by integer bit
 moves) 0.73x, ``half`` (fp16 products of the raw quantised values, summed per 16 bytes, scaled per
 128-wide group in fp32) 1.12-1.13x and best on all 103 weights. The kernel was bound by its
-instructions per weight byte; ``half`` became the GEMV on branch gemv-f16 (models/NOTES.md, "The
+instructions per weight byte; ``half`` became the GEMV on branch gemv-f16 (docs/decisions/047-the-fp8-blockscale-gemv-s-arithmetic.md, "The
 fp8_blockscale GEMV's arithmetic").
 
     python benchmarks/explore/fp8bs_gemv_v2.py --out DIR [--limit N] [--kinds old,half]

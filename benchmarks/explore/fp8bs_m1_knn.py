@@ -2,7 +2,7 @@
 fp8_blockscale M = 1 GEMV picks? (issue 16)
 
 The M = 1 misses pick between GEMV configs whose order turns on the weight's exact N and K
-(models/NOTES.md, "Power-of-two features"); a neighbouring training weight of the same K often
+(docs/decisions/041-power-of-two-features.md, "Power-of-two features"); a neighbouring training weight of the same K often
 has the right order (at K = 7168 every yi-1.5 weight with N >= 9216 prefers n1k1024_w4, and the
 DeepSeek-V3 fold picks n4k1024_w4 at 12288, 24576 and 36864). Stacking a lookup into the model
 gives it that order as an input: for each candidate, log2 of its slowdown on the nearest other

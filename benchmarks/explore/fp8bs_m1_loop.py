@@ -21,14 +21,14 @@ ones plus optional extras:
     python benchmarks/explore/fp8bs_m1_loop.py --seeds 0 --train-max-m 2
 
 By default the loop's model is the M = 1 trees fitted on the M = 1 rows alone ("M = 1 trees of
-their own" in models/NOTES.md). ``--train-max-m`` fits it on the rows with M <= that instead (the
+their own" in docs/decisions/). ``--train-max-m`` fits it on the rows with M <= that instead (the
 M = 1 shapes are scored either way); the shipped M = 1 trees are ``--train-max-m 100000`` with
 ``{"_m1w": 20}`` ("A low side fitted on every M"). Per shape it also reports the best-ranked tiled config against the
 best tiled one, ranked at M = 1 and as M = 2: what vLLM's M = 1 key would get from such trees.
 ``--test-m 16`` (with ``--train-min-m``/``--train-max-m``) scores another M's evaluation shapes:
-M = 16 fitted on M <= 16 or on 2 <= M <= 32 read as the whole model (models/NOTES.md).
+M = 16 fitted on M <= 16 or on 2 <= M <= 32 read as the whole model (docs/decisions/).
 
-Screened this way (M = 1 within 2% of 37, seeds 0-4; models/NOTES.md, "Power-of-two features"):
+Screened this way (M = 1 within 2% of 37, seeds 0-4; docs/decisions/041-power-of-two-features.md, "Power-of-two features"):
 shipped features 26 / 25 / 24 / 27 / 25; + pow2 28 / 29 / 24 / 27 / 29; + gemv (seeds 0-1) 23 / 24;
 + pow2, gemv and tail 26 / 27 / 26 / 25 / 27. With pow2 registered (seeds 0-2): 32 pairs per document 25 / 27 / 25;
 `mean` pair sampling 17 / 21 / 22; evaluation weight 1: 26 / 29 / 28; 2% rank grades 29 / 27 / 28.

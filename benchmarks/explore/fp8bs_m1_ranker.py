@@ -1,5 +1,5 @@
 """Exploration (kept as a record; issue 16): can a separate model of the M = 1 GEMV rows alone pick
-the fp8_blockscale GEMV config better than the whole model? (models/NOTES.md, "Every training
+the fp8_blockscale GEMV config better than the whole model? (docs/decisions/032-every-training-weight-s-gemv-training-shards.md, "Every training
 weight's GEMV".)
 
 For each family with M = 1 evaluation shapes: train on the other families' M = 1 GEMV rows

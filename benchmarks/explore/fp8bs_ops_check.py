@@ -25,7 +25,7 @@ def main() -> int:
     bad = 0
     torch.manual_seed(0)
     # 100x3072x8192 and 1024x2304x512: vendor picks that became Triton picks with the vendor margin
-    # retired (models/NOTES.md, "The vendor margin retired").
+    # retired (docs/decisions/036-the-vendor-margin-retired.md, "The vendor margin retired").
     for m, n, k in [(1, 7168, 2048), (1, 7168, 128), (7, 576, 7168), (64, 2112, 7168), (100, 4096, 7168),
                     (100, 3072, 8192), (1024, 2304, 512), (4097, 1000, 1000)]:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)

@@ -5,7 +5,7 @@ family), pick = the lowest prediction among the problem's GEMV configs, scored a
 Feature sets: the op's features as trained ("base"), plus log2 of the largest power of two
 dividing K x element bytes ("stride_tz", capped at 16), plus that of N x element bytes and K's
 remainder over the K tile; or the bytes a thread loads per row and K step and the masked share
-of the last K tile. Results: models/NOTES.md, "Weight-row alignment".
+of the last K tile. Results: docs/decisions/024-weight-row-alignment-as-a-feature-measured.md, "Weight-row alignment".
 
     python benchmarks/explore/gemv_row_align.py fp8_blockscale|moe|gemm
 """

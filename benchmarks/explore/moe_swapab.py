@@ -4,7 +4,7 @@ At M <= 64 vLLM's fused_moe kernel (our ``tiled`` MoE space) puts each expert's 
 MMA's M side, padded to BLOCK_SIZE_M >= 16 rows: Hopper's wgmma (64 rows per warpgroup) is out
 of reach and the tile runs on the Ampere-style MMA path. The dense op met the same problem and
 its swap-AB kernels (y.T = w @ x.T: weight rows on the MMA's M side, tokens on its N side) won
-39 of 40 decode shapes (benchmarks/NOTES.md). Here the same for the grouped GEMM: a program is
+39 of 40 decode shapes (docs/decisions/003-where-triton-still-loses.md). Here the same for the grouped GEMM: a program is
 (BLOCK_N weight rows of one expert) x (BLOCK_M sorted pairs of that expert), with an optional
 split over K whose fp32 partials meet in a zeroed fp32 buffer by atomic adds (silu-and-mul and
 the top_k sum read fp32 as well as bf16, so they need no change).

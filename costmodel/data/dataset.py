@@ -314,7 +314,7 @@ def read_file(path: str) -> pd.DataFrame:
 # policy time the same thing and sit side by side. Superseding there too had made each training
 # problem's model-guided picks replace its random sample, leaving only good configs to rank: with
 # picks on every problem (MoE round 3), leave-family-out got worse on all four groups; keeping the
-# random rows beside them lowered the four groups' mean (models/NOTES.md).
+# random rows beside them lowered the four groups' mean (docs/decisions/).
 SUPERSEDING_L2_POLICIES = ("rotate_experts",)
 SUPERSEDE_MAX_M = 4
 

@@ -30,7 +30,7 @@ INPUT_NAME = "features"
 # whole model's pick on every one of 500 cold problems (24 since its 1% rank grades, which made
 # 16 miss 2 of 500 M = 2 near-ties; registry ``cascade``); the 300-tree fp8_blockscale and MoE models
 # (60-tree prefixes) missed it on 10 of 449 and 376 evaluation problems with 16 kept, on 1 each
-# with 32 (models/NOTES.md).
+# with 32 (docs/decisions/).
 CASCADE_PREFIX_FRACTION = 0.2
 CASCADE_KEEP = 32
 

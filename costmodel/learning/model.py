@@ -62,12 +62,12 @@ class TrainConfig:
     # Trees grown per boosting round, each on its own row and column subsample, their mean taken
     # (xgboost's num_parallel_tree): an average of differently sampled trees, meant to move the
     # model less from one seed to another; it costs that many times the trees at decision time.
-    # On the MoE folds 3 did not narrow the seed spread (models/NOTES.md), so every op keeps 1.
+    # On the MoE folds 3 did not narrow the seed spread (docs/decisions/), so every op keeps 1.
     parallel_trees: int = 1
     # Whole boosted models averaged: n_seeds models, trained on the same rows with seeds seed,
     # seed + 1, ..., their margins averaged (merged into one booster by ``merge_boosters``, trees
     # interleaved round by round so the runtime cascade's prefix holds every model's first rounds).
-    # The seed alone moved the MoE held-out geomeans by up to 0.4% (models/NOTES.md); an average
+    # The seed alone moved the MoE held-out geomeans by up to 0.4% (docs/decisions/); an average
     # of models fitted with different row and column samples moves less. It costs n_seeds times
     # the training and the trees at decision time.
     n_seeds: int = 1
@@ -105,7 +105,7 @@ class TrainConfig:
     # Queries with M <= split_m get trees of their own (0: one model for every M). A ranker fitted
     # over every M shares its trees between decode shapes, where GEMV configs within 1-4% of each
     # other are ordered, and the rest: on the dense family folds the GEMV's rows made the picks at
-    # M > 2 0.1-0.5% slower in absolute time (models/NOTES.md, "Decode trees of their own").
+    # M > 2 0.1-0.5% slower in absolute time (docs/decisions/033-decode-trees-of-their-own-every-m.md, "Decode trees of their own").
     # Two boosters are trained on the two sides and joined tree by tree under a root split on
     # log2_m, so the export, the cascade and the runtime see one booster.
     split_m: int = 0
@@ -113,13 +113,13 @@ class TrainConfig:
     # "all" (every query; the low side still gets trees of its own, fitted on split_low_rows').
     # "all" is for an op whose M > split_m picks learn from the decode queries: fp8_blockscale's
     # split with its own M = 1 queries out of the high side lost 5 points of M > 1 match, while its
-    # M = 1 picks gained from trees of their own (models/NOTES.md, "M = 1 trees of their own").
+    # M = 1 picks gained from trees of their own (docs/decisions/043-m-1-trees-of-their-own.md, "M = 1 trees of their own").
     split_high_rows: str = "high"
     # The queries the low side's trees (M <= split_m) are fitted on: "low" (its own only) or "all"
     # (every query, its own weighted split_low_weight times). Fitted on its decode queries alone, a
     # ranker learns only the order of their best candidates (GEMVs), not of the configs that rarely
     # win there; every query, with the decode ones weighted up, keeps its splits on their near-ties
-    # and also orders the rest (fp8_blockscale: models/NOTES.md, "A low side fitted on every M").
+    # and also orders the rest (fp8_blockscale: docs/decisions/044-a-low-side-fitted-on-every-m.md, "A low side fitted on every M").
     split_low_rows: str = "low"
     split_low_weight: float = 1.0
 

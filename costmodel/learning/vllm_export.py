@@ -142,7 +142,7 @@ def ranking_m(d, m: int) -> int:
     masked), so the tiled order at split_m + 1, which the other trees learned from every query, is
     the order at M. Leave-one-family-out at M = 1 (37 shapes, seeds 0-4): the best tiled config so
     ranked is 1.015-1.022x off the best tiled, against 1.014-1.018x ranked at M = 1 by one model
-    for every M, and 1.12x by the decode trees (models/NOTES.md, "M = 1 trees of their own")."""
+    for every M, and 1.12x by the decode trees (docs/decisions/043-m-1-trees-of-their-own.md, "M = 1 trees of their own")."""
     model_for = getattr(d, "model_for", None)
     model = model_for(DISPATCH_DTYPE) if model_for is not None and d.space_arch is not None else None
     split = int(((model.manifest.get("hyperparameters") or {}).get("split_m", 0) or 0)) if model is not None else 0

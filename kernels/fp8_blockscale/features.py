@@ -10,7 +10,7 @@ N = 16384, 32768 and 65536 prefer ``n1k1024_w4``, and the other large N prefer `
 That is the kind of pattern the GPU's interleaving of addresses over memory channels gives to
 row-strided reads, and log2 N and log2 K cannot express it. Leave-one-family-out over seeds 0-4,
 the two features raised the held-out match within 2% from 87.9% to 89.0% (every seed gained)
-and lowered the geomean from 1.0085 to 1.0075 (models/NOTES.md, "Power-of-two features").
+and lowered the geomean from 1.0085 to 1.0075 (docs/decisions/041-power-of-two-features.md, "Power-of-two features").
 
 No inputs beyond the shared base columns.
 """
