@@ -23,7 +23,7 @@ def test_run_defaults_to_a_work_folder_not_models():
     args = build_parser().parse_args(["run"])
     assert args.out == "costmodel-run" and args.report is None
     # train and evaluate keep their defaults (replacing the shipped model is an explicit choice).
-    assert build_parser().parse_args(["train"]).out == "models"
+    assert build_parser().parse_args(["train"]).out is None  # --out required to export (issue 57, row 7)
 
 
 def test_run_writes_into_out_and_lists_it(tmp_path):
