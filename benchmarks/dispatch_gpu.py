@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     from gemm_costmodel.serving import ops
     from gemm_costmodel.benchmarks import correctness as C
     from gemm_costmodel.benchmarks import provenance
-    from gemm_costmodel.benchmarks.timing import GraphTimer, copies_for
+    from gemm_costmodel.kernels.timing import GraphTimer, copies_for
     from gemm_costmodel.kernels import gemm as K
     from gemm_costmodel.kernels.gemm_configs import Problem, config_from_id
     from gemm_costmodel.serving.runtime import Dispatcher

@@ -23,9 +23,10 @@ import time
 
 import torch
 
-from gemm_costmodel.data import shapes as S
+from gemm_costmodel.kernels import shapes as S
 from gemm_costmodel.benchmarks import correctness as C
-from gemm_costmodel.benchmarks import harness, precompile, provenance, timing
+from gemm_costmodel.benchmarks import harness, precompile, provenance
+from gemm_costmodel.kernels import timing
 from gemm_costmodel.benchmarks.store import ResultStore
 from gemm_costmodel.kernels.gemm_configs import Problem, config_params, feasible_configs
 

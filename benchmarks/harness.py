@@ -25,6 +25,8 @@ from ..kernels.gemm_configs import VARIANTS, GemmConfig, Problem, VendorConfig, 
 from . import correctness as C
 from .provenance import now
 from .store import MAX_DEATHS, ResultStore
+# The sweep frees device memory as serving's unsure mode does: one definition, with the timer.
+from ..kernels.timing import FREE_SLACK_BYTES, free_device_memory  # noqa: F401
 
 L2_POLICY = "rotate"
 
@@ -194,35 +196,6 @@ def shape_memory(device: str) -> dict | None:
            "allocated_after_mb": round(torch.cuda.memory_allocated() / mib, 1)}
     torch.cuda.reset_peak_memory_stats()
     return out
-
-
-# Between shapes, cached device memory is returned only above this much slack (reserved
-# minus allocated): empty_cache() synchronises and frees, and the next shape's inputs
-# then come from cudaMalloc again; done after every shape it cost a third of the
-# throughput on small shapes (H100: 89-98/s against 132-144/s, memory_ab.json).
-FREE_SLACK_BYTES = 4 * 2**30
-
-
-def free_device_memory(timer, device: str, force: bool = True) -> None:
-    """Return what the sweep no longer uses to the driver: the private pools of the timer's
-    finished graphs and the allocator's cached blocks (those of dead Python objects too).
-    With ``force=False`` only when more than FREE_SLACK_BYTES are cached but unused."""
-    if not str(device).startswith("cuda"):
-        if hasattr(timer, "reset"):
-            timer.reset()
-        return
-    import gc
-
-    import torch
-
-    if not force and torch.cuda.memory_reserved() - torch.cuda.memory_allocated() <= FREE_SLACK_BYTES:
-        return
-    if hasattr(timer, "reset"):
-        timer.reset()
-    if force:
-        gc.collect()  # reference cycles holding tensors; graphs are freed by refcount alone
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
 
 
 def _progress(total: int, desc: str, enabled: bool):

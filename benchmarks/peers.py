@@ -407,7 +407,7 @@ def main(argv=None) -> int:
         print("peers: error: no CUDA device", file=sys.stderr)
         return 2
     from gemm_costmodel.benchmarks import precompile, provenance
-    from gemm_costmodel.benchmarks.timing import GraphTimer
+    from gemm_costmodel.kernels.timing import GraphTimer
     from gemm_costmodel.kernels.gemm_configs import Problem, VendorConfig, config_from_id
     from gemm_costmodel.serving.runtime import Dispatcher
 

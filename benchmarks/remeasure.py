@@ -17,7 +17,8 @@ import sys
 import torch
 
 from gemm_costmodel.benchmarks import correctness as C
-from gemm_costmodel.benchmarks import precompile, provenance, timing
+from gemm_costmodel.benchmarks import precompile, provenance
+from gemm_costmodel.kernels import timing
 from gemm_costmodel.benchmarks.store import ResultStore
 from gemm_costmodel.kernels.gemm_configs import Problem, config_from_id
 

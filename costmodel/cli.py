@@ -37,7 +37,7 @@ def _check_op_dtypes(op: str, dtypes) -> None:
 
 def _shapes_from_args(args):
     from gemm_costmodel import registry
-    from gemm_costmodel.data import shapes as S
+    from gemm_costmodel.kernels import shapes as S
 
     spec = registry.get(args.op)
     out = []
@@ -83,7 +83,8 @@ def cmd_bench(args) -> int:
     import torch
 
     from gemm_costmodel import registry
-    from gemm_costmodel.benchmarks import harness, precompile, provenance, timing
+    from gemm_costmodel.benchmarks import harness, precompile, provenance
+    from gemm_costmodel.kernels import timing
     from gemm_costmodel.benchmarks.store import ResultStore
 
     try:

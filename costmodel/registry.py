@@ -56,8 +56,9 @@ class OpSpec:
     split_key: tuple[str, ...] = ("n", "k")
     suites: dict = field(default_factory=dict)
     extra_features: tuple[str, ...] = ()
-    # 'module:function' (pandas; lazily) returning {method: scores} of op-specific baselines
-    # for the held-out evaluation, fitted on the fold's training rows only (e.g. vLLM's tables).
+    # 'module:function' (pandas; lazily) returning {method: picks (shape id -> candidate id)} of
+    # op-specific baselines for the held-out evaluation, given the evaluation rows and the fold's
+    # training evaluation rows (fitted on those only; e.g. vLLM's tables).
     baselines: str = ""
     # TrainConfig defaults of this op's models (the command line overrides them).
     train_defaults: dict = field(default_factory=dict)
@@ -124,9 +125,11 @@ class OpSpec:
     def fallback_rule(self) -> Callable:
         return _resolve(self.fallback)
 
-    def baseline_scores(self, ev, train) -> dict:
-        """Op-specific baseline scores on evaluation rows ({} when the op names none)."""
-        return _resolve(self.baselines)(ev, train) if self.baselines else {}
+    def baseline_picks(self, ev, train_ev) -> dict:
+        """Op-specific baselines on evaluation rows: {method: pandas Series, shape id -> the
+        candidate id it runs} ({} when the op names none); the evaluation scores the picks, so an
+        op's baselines need nothing from learning/."""
+        return _resolve(self.baselines)(ev, train_ev) if self.baselines else {}
 
     def report_sections(self, results) -> list[str]:
         """The op's own report sections: ``report_section(results)`` of its baselines module."""
@@ -156,8 +159,8 @@ REGISTRY: dict[str, OpSpec] = {
         problem_fields=("m", "n", "k", "dtype"), fixed={"e": 1, "top_k": 1}, vendor_ids=("cublas",),
         default_config="tiled_m128n128k64_g8_w4s3", fallback="gemm_costmodel.serving.heuristic:choose",
         split_key=("n", "k"),
-        suites={"foundation": "gemm_costmodel.data.shapes:foundation_suite",
-                "train": "gemm_costmodel.data.shapes:training_suite"},
+        suites={"foundation": "gemm_costmodel.kernels.shapes:foundation_suite",
+                "train": "gemm_costmodel.kernels.shapes:training_suite"},
         # 24 kept: with 1% rank grades the 20-tree prefix's best 16 missed the whole model's pick
         # on 2 of 500 cold problems (M = 2 GEMV near-ties); 24 agrees on all 500 (16 did with 3%
         # grades: benchmarks/results/runtime/h100-host-cascade/), at little more onnxruntime time.
@@ -189,7 +192,7 @@ REGISTRY: dict[str, OpSpec] = {
         suites={"train": "gemm_costmodel.kernels.fp8_blockscale.suites:training_suite",
                 "eval": "gemm_costmodel.kernels.fp8_blockscale.suites:eval_suite",
                 "gate": "gemm_costmodel.kernels.fp8_blockscale.suites:gate_suite"},
-        baselines="gemm_costmodel.kernels.fp8_blockscale.baselines:scores",
+        baselines="gemm_costmodel.kernels.fp8_blockscale.baselines:picks",
         # No shortlist: with ~600 training shapes, a per-M-bucket shortlist of configs within 5%
         # of a training shape's best dropped the best config of held-out shapes (leave-family-out
         # geomean 1.035 with it, 1.029 without; models/report/fp8_blockscale/). With 2,776 training
@@ -246,7 +249,7 @@ REGISTRY: dict[str, OpSpec] = {
                         "log2_grid_programs", "log2_t_weights_us", "log2_t_traffic_real_us",
                         "log2_t_waves_real_us", "gemv_log2_programs", "gemv_k_steps", "gemv_acc_per_thread",
                         "gemv_log2_occupancy", "gemv_waves", "gemv_log2_inflight_kb", "gemv_log2_serial_steps"),
-        baselines="gemm_costmodel.kernels.moe.baselines:scores",
+        baselines="gemm_costmodel.kernels.moe.baselines:picks",
         # Leave-family-out over the 200 fully measured shapes (models/report/moe/): 300 trees at
         # eta 0.1 gave geomean 1.012, worst 1.08, against 1.014 and 1.19 for 100 at 0.2; deeper
         # trees, the normalized or log-latency targets and eval_weight 1 were worse. No shortlist

@@ -91,3 +91,8 @@ def param_arrays(configs, config_params, names) -> dict:
 
     rows = [config_params(c) for c in configs]
     return {p: np.array([r[p] for r in rows], dtype=np.int64) for p in names}
+
+
+def vllm_device_name(gpu_name: str) -> str:
+    """vLLM's device_name of a GPU: the CUDA device name with spaces replaced by '_'."""
+    return gpu_name.replace(" ", "_")

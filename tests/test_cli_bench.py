@@ -1,7 +1,7 @@
 """`costmodel bench` shape selection (the measuring itself needs a GPU)."""
 from __future__ import annotations
 
-from gemm_costmodel.data import shapes as S
+from gemm_costmodel.kernels import shapes as S
 from gemm_costmodel.cli import _shapes_from_args, build_parser, main as cli_main
 
 

@@ -12,7 +12,7 @@ import pytest
 from gemm_costmodel import registry
 from gemm_costmodel.benchmarks import harness as H
 from gemm_costmodel.kernels.gemm_configs import VARIANTS
-from gemm_costmodel.data.shapes import Shape
+from gemm_costmodel.kernels.shapes import Shape
 
 SHARDS = sorted(glob.glob("datasets/raw/*-shard*.jsonl.gz"))
 NAME = re.compile(r"(?P<sweep>.+)-shard(?P<i>\d+)of(?P<n>\d+)\.jsonl\.gz$")

@@ -58,7 +58,7 @@ def test_committed_dataset_loads_typed_and_valid():
         assert (df[col].astype(str).str.len() > 0).all(), col
     # Training shapes come only from the families each op's issue names; the MoE op's held-out
     # families appear only in evaluation shapes (every candidate measured).
-    from gemm_costmodel.data.shapes import TRAINING_FAMILIES
+    from gemm_costmodel.kernels.shapes import TRAINING_FAMILIES
     from gemm_costmodel.kernels.moe.suites import HELDOUT_FAMILIES as MOE_HELDOUT
     from gemm_costmodel.kernels.moe.suites import TRAINING_FAMILIES as MOE_TRAINING
 

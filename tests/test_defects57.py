@@ -13,7 +13,7 @@ import torch
 from gemm_costmodel.kernels.moe import impl as MI
 from gemm_costmodel.kernels.moe import routing as R
 from gemm_costmodel.kernels.moe import space as MS
-from gemm_costmodel.serving import hardware as H
+from gemm_costmodel.kernels import hardware as H
 from gemm_costmodel.serving import ops
 from gemm_costmodel.serving.runtime import DispatchWarning, Dispatcher, _OnnxModel
 

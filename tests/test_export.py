@@ -11,7 +11,7 @@ import pytest
 from gemm_costmodel.learning import evaluate as E
 from gemm_costmodel.learning import export as X
 from gemm_costmodel.serving import features as F
-from gemm_costmodel.serving import hardware
+from gemm_costmodel.kernels import hardware
 from gemm_costmodel.learning import pipeline
 from gemm_costmodel.serving.candidates import table as candidate_table
 from gemm_costmodel.kernels.gemm_configs import generate_configs, space_hash

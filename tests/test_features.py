@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from gemm_costmodel.serving import features as F
-from gemm_costmodel.serving import hardware
+from gemm_costmodel.kernels import hardware
 from gemm_costmodel.serving.candidates import table as candidate_table
 
 H200 = hardware.spec_for("NVIDIA H200")

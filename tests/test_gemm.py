@@ -419,7 +419,7 @@ def test_reference_applies_fp8_scales():
 
 
 def test_gate_and_time_times_only_what_passes_the_gate():
-    from gemm_costmodel.benchmarks.timing import FakeTimer
+    from gemm_costmodel.kernels.timing import FakeTimer
 
     prob, ops, ref = operands_for(7, 40, 72, "fp32")
     cfg = TiledConfig(16, 32, 64, 8, 4, 3)

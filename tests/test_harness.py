@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 
 from gemm_costmodel.benchmarks import correctness as C
 from gemm_costmodel.benchmarks import harness as H
-from gemm_costmodel.benchmarks import timing
+from gemm_costmodel.kernels import timing
 from gemm_costmodel.benchmarks.store import ResultStore, read_rows, row_key
-from gemm_costmodel.benchmarks.timing import FakeTimer
+from gemm_costmodel.kernels.timing import FakeTimer
 from gemm_costmodel.kernels.gemm_configs import (PersistentConfig, Problem, VendorConfig,
                                                  feasible_configs)
-from gemm_costmodel.data.shapes import Shape
+from gemm_costmodel.kernels.shapes import Shape
 
 from conftest import PROVENANCE
 
@@ -335,8 +335,8 @@ _KILL_SCRIPT = """
 import json, os, sys, time
 from gemm_costmodel.benchmarks import harness as H
 from gemm_costmodel.benchmarks.store import ResultStore
-from gemm_costmodel.benchmarks.timing import FakeTimer
-from gemm_costmodel.data.shapes import Shape
+from gemm_costmodel.kernels.timing import FakeTimer
+from gemm_costmodel.kernels.shapes import Shape
 
 path, ready, nth, prov = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
 shapes = [Shape(*s[:4], tuple(s[4])) for s in json.loads(sys.argv[5])]
@@ -611,7 +611,7 @@ def test_store_non_object_json_line_is_treated_as_corrupt(tmp_path):
 # ----------------------------------------------------------------------------
 
 def test_copies_for():
-    from gemm_costmodel.benchmarks.timing import copies_for
+    from gemm_costmodel.kernels.timing import copies_for
 
     mb = 2**20
     assert copies_for(30 * mb, 50 * mb) == 4      # ceil(100 / 30)
@@ -623,7 +623,7 @@ def test_copies_for():
 
 
 def test_timing_percentiles_and_stability():
-    from gemm_costmodel.benchmarks.timing import Timing, summarize
+    from gemm_costmodel.kernels.timing import Timing, summarize
 
     assert summarize([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]) == (3.0, 6.0, 9.0)
     t = Timing(9.8, 10.0, 10.2, n_samples=15, n_inner=4)

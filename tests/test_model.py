@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from gemm_costmodel.serving import features as F
-from gemm_costmodel.serving import hardware
+from gemm_costmodel.kernels import hardware
 from gemm_costmodel.learning.model import (FORMULATIONS, SHORTLIST_EDGES, CostModel, TrainConfig, m_bucket_index,
                                            rank_grades, shape_ids, targets, training_rows)
 from gemm_costmodel.learning.pipeline import load_training_frame

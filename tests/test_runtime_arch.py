@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 
-from gemm_costmodel.serving import hardware as H
+from gemm_costmodel.kernels import hardware as H
 from gemm_costmodel.serving import runtime
 from gemm_costmodel.serving.candidates import table
 from gemm_costmodel.kernels.gemm_configs import Problem, check_feasible, config_from_id, generate_configs

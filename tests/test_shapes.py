@@ -1,7 +1,7 @@
 """Shape suites: layer dims hand-checked against the models' config.json, M grid, CSV reader."""
 import pytest
 
-from gemm_costmodel.data import shapes as S
+from gemm_costmodel.kernels import shapes as S
 
 MODELS = {m.name: m for m in S.TRAINING_MODELS}
 

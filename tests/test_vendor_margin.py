@@ -7,7 +7,7 @@ import pytest
 from gemm_costmodel.learning.model import CostModel, TrainConfig
 from gemm_costmodel.learning.pipeline import export_model, load_training_frame
 from gemm_costmodel.serving import features as F
-from gemm_costmodel.serving import hardware
+from gemm_costmodel.kernels import hardware
 from gemm_costmodel.serving.runtime import Dispatcher
 
 H100 = "NVIDIA H100 80GB HBM3"

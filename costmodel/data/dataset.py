@@ -104,7 +104,7 @@ class DataError(ValueError):
 
 
 def _read_jsonl(path: str) -> pd.DataFrame:
-    from gemm_costmodel.benchmarks.store import RowsError, read_rows
+    from gemm_costmodel.rows import RowsError, read_rows
 
     try:
         # Strict: a shard going into the dataset must be whole; even a torn last line

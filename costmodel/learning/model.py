@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from gemm_costmodel.serving import features as F
-from gemm_costmodel.serving import hardware
+from gemm_costmodel.kernels import hardware
 
 FORMULATIONS = ("log_latency", "normalized", "rank")
 SPLIT_HIGH_ROWS = ("high", "all")

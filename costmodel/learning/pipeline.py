@@ -19,7 +19,7 @@ import pandas as pd
 from gemm_costmodel.data import dataset as D
 from gemm_costmodel import registry
 from gemm_costmodel.learning import evaluate as E
-from gemm_costmodel.serving import hardware
+from gemm_costmodel.kernels import hardware
 from gemm_costmodel.learning.model import CostModel, TrainConfig, training_rows
 
 Log = Callable[[str], None]
@@ -64,7 +64,7 @@ def load_training_frame(paths=None, root: str = "datasets", dtypes=None, arch: s
     if unknown:
         # The features need the GPU's numbers: fail here, with the name, rather than mid-training.
         raise D.DataError(f"unknown GPU {unknown[0]!r} in the data: describe it with "
-                          "gemm_costmodel.serving.hardware.register() or COSTMODEL_GPU_SPECS")
+                          "gemm_costmodel.kernels.hardware.register() or COSTMODEL_GPU_SPECS")
     # Categories of filtered-out values would linger in groupbys and tables.
     return out.assign(**{c: out[c].astype(str) for c in ("dtype", "gpu_name", "variant", "family", "stage", "routing")}
                       ).reset_index(drop=True)

@@ -17,7 +17,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from gemm_costmodel.serving.hardware import GpuSpec
+from gemm_costmodel.kernels.hardware import GpuSpec
 from gemm_costmodel.kernels.gemm_configs import DTYPE_BYTES as IN_BYTES
 from gemm_costmodel.kernels.gemm_configs import OUT_DTYPE, VARIANT_CODES
 from gemm_costmodel.kernels.gemm_configs import PARAM_NAMES as PARAMS

@@ -296,16 +296,14 @@ def quantize_fp8_per_token_group(x: torch.Tensor, group: int = BS.GROUP_K) -> tu
 def _graph_timer(op_name: str, problem):
     """(time_of(config id) -> ms, release()) for one problem of an op (a dense GEMM, a block-scaled
     GEMM, an MoE stage), timed as the harness times it: its CUDA-graph timer over rotating
-    synthetic operand copies (``correctness.timing_copies``: >= 2x L2 of what a launch reads, so
+    synthetic operand copies (``kernels.timing.timing_copies``: >= 2x L2 of what a launch reads, so
     weights come from HBM as in serving; the user's tensors are not copied). Measured on an H100:
     eager ``triton.testing.do_bench`` read the MoE decode stages at 1.1-20x their graph time
     (median 1.9x: the host's launch path, not the kernel) and its top-k picks were no better than
     the model's (benchmarks/explore/moe_unsure_check.py); on 30 dense shapes it read 1.23x the
     graph time and picked a config 1.107x off the graph timer's best on one of them
     (benchmarks/explore/unsure_timer_check.py)."""
-    from gemm_costmodel.benchmarks.correctness import timing_copies
-    from gemm_costmodel.benchmarks.harness import free_device_memory
-    from gemm_costmodel.benchmarks.timing import GraphTimer
+    from gemm_costmodel.kernels.timing import GraphTimer, free_device_memory, timing_copies
 
     impl = registry.get(op_name).impl_module()
     dev = torch.device("cuda", torch.cuda.current_device())

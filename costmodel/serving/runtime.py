@@ -33,7 +33,7 @@ from collections import OrderedDict
 import numpy as np
 
 from gemm_costmodel.serving import features as F
-from gemm_costmodel.serving import hardware
+from gemm_costmodel.kernels import hardware
 from gemm_costmodel import registry
 from gemm_costmodel.serving.candidates import arch_has_fp8
 from gemm_costmodel.serving.candidates import table as candidate_table
@@ -489,7 +489,7 @@ class Dispatcher:
             self._vendor_reason = None
         elif self.arch is None:
             self._vendor_reason = (f"unknown GPU {self.gpu_name!r}, arch unknown: no candidate space is known to "
-                                   "run on it (describe it with gemm_costmodel.serving.hardware.register or "
+                                   "run on it (describe it with gemm_costmodel.kernels.hardware.register or "
                                    "COSTMODEL_GPU_SPECS)")
         else:
             self._vendor_reason = (f"{self.gpu_name!r} is {self.arch}: Triton candidate spaces exist only for "
@@ -540,7 +540,7 @@ class Dispatcher:
                 return self._models[dtype]
             model, reason = None, ""
             if self.spec is None:
-                reason = (f"unknown GPU {self.gpu_name!r} (describe it with gemm_costmodel.serving.hardware.register "
+                reason = (f"unknown GPU {self.gpu_name!r} (describe it with gemm_costmodel.kernels.hardware.register "
                           "or COSTMODEL_GPU_SPECS)")
             else:
                 model, reason = self._load_first(dtype, "decision")

@@ -417,3 +417,8 @@ def choose(m: int, n: int, k: int, sm_count: int, candidates: list[dict]) -> int
         return d + 0.1 * (c["num_warps"] != want["num_warps"]) + 0.1 * (c["num_stages"] != want["num_stages"])
 
     return min(range(len(candidates)), key=lambda i: (dist(candidates[i]), i))
+
+
+# vLLM's w8a8 block-fp8 tuned file names (the exporter writes them, the baselines read them): N, K,
+# device name.
+VLLM_FILE_NAME_RE = r"^N=(\d+),K=(\d+),device_name=([^,/\\ ]+),dtype=fp8_w8a8,block_shape=\[128,128\]\.json$"
