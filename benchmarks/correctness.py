@@ -43,7 +43,7 @@ def seed_for(problem: Problem, seed: int) -> int:
     return int.from_bytes(h[:4], "little")
 
 
-def operand_sets(problem, seed: int, l2_bytes: int, device: str | torch.device = "cuda", op: str = "gemm"
+def operand_sets(problem, seed: int, l2_bytes: int, device: str | torch.device = "cuda", *, op: str
                  ) -> tuple[list, torch.Tensor]:
     """The seeded operand sets a shape is timed on (enough copies to rotate over >= 2x L2,
     one on CPU) and the fp32 reference of the first, which the gate checks against."""

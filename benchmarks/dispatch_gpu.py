@@ -69,7 +69,7 @@ def main(argv=None) -> int:
             ids.add(dh.select(p.m, p.n, p.k, p.dtype).candidate)
         todo.append((p, [config_from_id(c) for c in ids if c != "cublas"]))
     d.clear_cache()
-    precompile.precompile(todo, log=lambda m: print(m, flush=True))
+    precompile.precompile(todo, log=lambda m: print(m, flush=True), op="gemm")
     timer = GraphTimer()
     l2 = prov.get("l2_bytes") or 50 * 2**20
     rows = []

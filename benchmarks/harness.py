@@ -56,7 +56,7 @@ def in_shard(shape, shard: tuple[int, int]) -> bool:
 SAMPLE_BASE_VARIANTS = ("tiled", "splitk", "persistent")
 
 
-def select_candidates(problem: Problem, mode: str, seed: int, arch: str = "sm90", op: str = "gemm"
+def select_candidates(problem: Problem, mode: str, seed: int, arch: str = "sm90", *, op: str
                       ) -> list[GemmConfig]:
     """Candidates to measure for a problem: 'all', 'sample:K' (K Triton configs + vendor),
     'variant:A[,B...]' (every feasible config of those variants + vendor) or 'pick:CSV' (the
@@ -264,7 +264,7 @@ def measure_candidate(cfg: GemmConfig, ops, ref, dtype: str, timer, key: tuple, 
 def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all", seed: int = 0,
               device: str = "cuda", arch: str = "sm90", provenance: dict | None = None,
               suite: str = "user", progress: bool = True, time_budget_s: float | None = None,
-              on_shape: Callable[[object, dict], None] | None = None, op: str = "gemm") -> SweepStats:
+              on_shape: Callable[[object, dict], None] | None = None, op: str) -> SweepStats:
     """Measure every selected candidate of every shape of ``op`` not yet in ``store``.
 
     With ``time_budget_s``, stops cleanly between shapes once the budget is
@@ -287,7 +287,7 @@ def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all",
     plan = []
     for sh in shapes:
         prob = shape_problem(spec, sh)
-        cands = select_candidates(prob, mode, seed, arch, op)
+        cands = select_candidates(prob, mode, seed, arch, op=op)
         todo = [c for c in cands if not store.done(key_of(op, sh, c.id))]
         stats.skipped += len(cands) - len(todo)
         if todo:
@@ -306,7 +306,7 @@ def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all",
             phase = stats.phase_seconds
             phase0 = dict(phase)
             try:
-                ops, ref = C.operand_sets(prob, seed, l2, device, op)
+                ops, ref = C.operand_sets(prob, seed, l2, device, op=op)
             except Exception as exc:  # noqa: BLE001 - only running out of memory skips a shape
                 if not C.is_out_of_memory(exc):
                     raise

@@ -138,7 +138,7 @@ def chunks_for(tasks: list[tuple], workers: int) -> list[list[tuple]]:
     return [c for c in chunks if c]
 
 
-def precompile(problems_and_configs, workers: int | None = None, log=print, op: str = "gemm") -> int:
+def precompile(problems_and_configs, workers: int | None = None, log=print, *, op: str) -> int:
     """Compile every needed (config, specialisation) in parallel; returns how many compiled."""
     tasks = plan(problems_and_configs)
     if not tasks:

@@ -121,7 +121,7 @@ def cmd_bench(args) -> int:
                     p = harness.shape_problem(spec, s)
                     # Only what this run will measure: a resumed sweep recompiled every candidate of
                     # every shape (200 s on a fresh machine for the MoE gate's last 135 rows).
-                    cands = [c for c in harness.select_candidates(p, args.mode, args.seed, args.arch, args.op)
+                    cands = [c for c in harness.select_candidates(p, args.mode, args.seed, args.arch, op=args.op)
                              if not store.done(harness.key_of(args.op, s, c.id))]
                     if cands:
                         todo.append((p, cands))

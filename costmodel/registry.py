@@ -271,7 +271,11 @@ REGISTRY: dict[str, OpSpec] = {
         cascade={"keep": 64},
         features="gemm_costmodel.kernels.moe.features"),
 }
+# The op the command line runs when --op is not given (and whose report sits at models/report/).
 DEFAULT_OP = "gemm"
+# The op of data written before the op registry (rows, tuned tables, models without an op field):
+# dense GEMM. A data-format rule, not an argument default: library functions take the op.
+LEGACY_OP = "gemm"
 
 
 def get(name: str) -> OpSpec:

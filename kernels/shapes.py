@@ -249,7 +249,7 @@ def _label(name: str) -> str:
     return _COLUMN_LABELS.get(name, name)
 
 
-def read_problem_csv(path: str, op: str = "gemm", default_dtype: str = "bf16") -> list:
+def read_problem_csv(path: str, op: str, default_dtype: str = "bf16") -> list:
     """A user's problem list of an op: a CSV with one column per problem field the op declares
     (registry ``problem_fields``, any case; MoE: M, N, K, E, top_k, stage, routing), ``dtype``
     optional (else ``default_dtype``), so are fields whose Problem has a default (MoE: routing,

@@ -42,7 +42,7 @@ def _expected(m, n, k, dtype):
 @example(m=7, n=4096, k=100, dtype="bf16")
 @example(m=7, n=4096, k=200, dtype="fp16")
 def test_feasible_mask_equals_check_feasible(m, n, k, dtype):
-    ct = table("sm90", dtype)
+    ct = table("sm90", dtype, op="gemm")
     mask = ct.feasible_mask(m, n, k)
     assert mask.dtype == bool and mask.shape == (len(ct),)
     expected = _expected(m, n, k, dtype)
@@ -53,7 +53,7 @@ def test_feasible_mask_equals_check_feasible(m, n, k, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_table_matches_generate_configs(dtype):
-    ct = table("sm90", dtype)
+    ct = table("sm90", dtype, op="gemm")
     cfgs = generate_configs("sm90", dtype)
     assert ct.ids == [c.id for c in cfgs]
     assert all(ct.index[cid] == i for i, cid in enumerate(ct.ids))
@@ -63,12 +63,12 @@ def test_table_matches_generate_configs(dtype):
         assert {p: int(ct.params[p][i]) for p in params} == params
         assert ct.variants[i] == c.variant
     # The cached table is the same object; a fresh one has the same content.
-    assert table("sm90", dtype) is ct
-    assert CandidateTable("sm90", dtype).ids == ct.ids
+    assert table("sm90", dtype, op="gemm") is ct
+    assert CandidateTable("sm90", dtype, op="gemm").ids == ct.ids
 
 
 def test_candidate_dicts_carry_variant_and_params():
-    ct = table("sm90", "fp16")
+    ct = table("sm90", "fp16", op="gemm")
     idx = [0, len(ct) - 1]
     dicts = ct.candidate_dicts(idx)
     for i, d in zip(idx, dicts):

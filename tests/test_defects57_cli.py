@@ -43,7 +43,7 @@ def test_d06_bench_moe_shapes_csv(tmp_path, capsys):
     assert (64, 6, 1536, 2560) not in dims
     spec = registry.get("moe")
     for s in shapes:
-        cands = H.select_candidates(H.shape_problem(spec, s), "all", 0, "sm90", "moe")
+        cands = H.select_candidates(H.shape_problem(spec, s), "all", 0, "sm90", op="moe")
         assert len(cands) > 100 and cands[-1].id == "grouped_mm"
         assert H.key_of("moe", s, cands[0].id)[5:7] == (64, 6)
 

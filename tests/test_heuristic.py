@@ -21,7 +21,7 @@ def _as_id(want: dict) -> str:
 
 
 def _feasible(m, n, k, dtype="bf16"):
-    ct = table("sm90", dtype)
+    ct = table("sm90", dtype, op="gemm")
     idx = np.flatnonzero(ct.feasible_mask(m, n, k))
     return ct, idx, ct.candidate_dicts(idx)
 

@@ -59,7 +59,7 @@ SHAPES = [(1, 33, 65), (7, 40, 100), (17, 64, 64), (65, 48, 32)]
 def test_gemm_matches_reference(disp, shape):
     m, n, k = shape
     x, w = _operands(m, n, k)
-    assert ops.dispatcher() is disp
+    assert ops.dispatcher(op="gemm") is disp
     cid = ops.choose(x, w)
     assert cid == disp.select(m, n, k, "fp16").candidate
     assert disp.select(m, n, k, "fp16").source == "model"

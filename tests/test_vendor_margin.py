@@ -17,7 +17,7 @@ SMALL = dict(formulation="rank", n_estimators=10, max_depth=4, n_jobs=1)
 
 @pytest.fixture(scope="module")
 def frame():
-    return load_training_frame(DATA)
+    return load_training_frame(DATA, op="gemm")
 
 
 @pytest.fixture(scope="module")

@@ -48,7 +48,7 @@ def families_of(origins: str) -> set[str]:
 
 def op_of(df: pd.DataFrame) -> registry.OpSpec:
     """The registered op of a frame's rows (one op per evaluation; dense GEMM if no op column)."""
-    ops = sorted(df["op"].astype(str).unique()) if "op" in df.columns and len(df) else [registry.DEFAULT_OP]
+    ops = sorted(df["op"].astype(str).unique()) if "op" in df.columns and len(df) else [registry.LEGACY_OP]
     if len(ops) != 1:
         raise ValueError(f"one op per evaluation, got rows of {', '.join(ops)}")
     return registry.get(ops[0])

@@ -570,8 +570,8 @@ class Dispatcher:
         entries = table.get("entries", table) if isinstance(table, dict) else {}
         # A table serves one op (its "op" field; dense GEMM when absent); lookups are by this
         # dispatcher's op, so another op's table never answers here.
-        op = table.get("op", registry.DEFAULT_OP) if isinstance(table, dict) and "entries" in table else \
-            registry.DEFAULT_OP
+        op = table.get("op", registry.LEGACY_OP) if isinstance(table, dict) and "entries" in table else \
+            registry.LEGACY_OP
         registry.get(op)
         entries = {k: v for k, v in entries.items() if k != "op"}
         unknown: set[str] = set()
