@@ -12,10 +12,10 @@ from typing import Callable
 
 import torch
 
-from ..kernels.gemm_configs import GemmConfig, Problem
+from ..kernels.gemm.space import GemmConfig, Problem
 # The dense GEMM's operands, reference and error bounds live with its kernels (the op
 # registry's ``impl``); these names stay importable from here.
-from ..kernels.gemm_op import ERROR_BOUNDS, FP8_MAX, Operands, make_operands  # noqa: F401
+from ..kernels.gemm.impl import ERROR_BOUNDS, FP8_MAX, Operands, make_operands  # noqa: F401
 # The timer's operand copies live with the timer (serving's unsure mode uses them too).
 from ..kernels.timing import timing_copies  # noqa: F401
 
@@ -60,7 +60,7 @@ def operand_sets(problem, seed: int, l2_bytes: int, device: str | torch.device =
 
 def reference(ops) -> torch.Tensor:
     """fp32 reference output for one dense-GEMM operand set."""
-    from ..kernels.gemm_op import reference as ref
+    from ..kernels.gemm.impl import reference as ref
 
     return ref(ops)
 

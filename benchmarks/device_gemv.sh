@@ -13,7 +13,7 @@
 #
 # The gemv2-* shards were measured by this script's previous version (`git log` it), with the
 # kernel taking N and K at run time. Since the GEMV is compiled per weight shape (N, K and strides
-# constant, kernels/gemm_gemv.py) its rows were measured again under gemv3-* names: the same
+# constant, kernels/gemm/gemv.py) its rows were measured again under gemv3-* names: the same
 # lists and sweeps, except that the extra M = 1 training shapes get the GEMV configs only (their
 # TMA swap-AB rows from gemv2-train-m1 stand: that kernel did not change).
 #

@@ -42,8 +42,8 @@ def main(argv=None) -> int:
     from gemm_costmodel.benchmarks import correctness as C
     from gemm_costmodel.benchmarks import provenance
     from gemm_costmodel.kernels.timing import GraphTimer, copies_for
-    from gemm_costmodel.kernels import gemm as K
-    from gemm_costmodel.kernels.gemm_configs import Problem, config_from_id
+    from gemm_costmodel.kernels.gemm import kernel as K
+    from gemm_costmodel.kernels.gemm.space import Problem, config_from_id
     from gemm_costmodel.serving.runtime import Dispatcher
 
     paths = sorted(p for pat in args.data for p in glob.glob(pat))

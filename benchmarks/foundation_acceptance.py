@@ -24,11 +24,12 @@ import time
 import torch
 
 from gemm_costmodel.kernels import shapes as S
+from gemm_costmodel.kernels.gemm import suites as GS
 from gemm_costmodel.benchmarks import correctness as C
 from gemm_costmodel.benchmarks import harness, precompile, provenance
 from gemm_costmodel.kernels import timing
 from gemm_costmodel.benchmarks.store import ResultStore
-from gemm_costmodel.kernels.gemm_configs import Problem, config_params, feasible_configs
+from gemm_costmodel.kernels.gemm.space import Problem, config_params, feasible_configs
 
 WEIRD_M = (1, 7, 33, 4097)
 WEIRD_NK = ((1000, 1048), (333, 517), (1040, 1104))  # 333/517 break TMA alignment; 1040/1104 allow fp8 TMA and cuBLAS
@@ -121,7 +122,7 @@ class _BeforeMemoryFix:
     inside every capture), nothing freed between shapes."""
 
     def __enter__(self):
-        from gemm_costmodel.kernels import gemm as K
+        from gemm_costmodel.kernels.gemm import kernel as K
 
         self._saved = (timing.GraphTimer.side_stream, harness.free_device_memory, K.splitk_workspace)
         timing.GraphTimer.side_stream = lambda self: torch.cuda.Stream()
@@ -130,15 +131,15 @@ class _BeforeMemoryFix:
                  torch.empty((split_k, m, n), dtype=torch.float32, device=device))
         K.splitk_workspace = fresh
         # gemm_swapab imported the name: patch it there too.
-        import gemm_costmodel.kernels.gemm_swapab as SW
+        import gemm_costmodel.kernels.gemm.swapab as SW
         self._sw = getattr(SW, "splitk_workspace", None)
         if self._sw is not None:
             SW.splitk_workspace = fresh
         return self
 
     def __exit__(self, *exc):
-        from gemm_costmodel.kernels import gemm as K
-        import gemm_costmodel.kernels.gemm_swapab as SW
+        from gemm_costmodel.kernels.gemm import kernel as K
+        import gemm_costmodel.kernels.gemm.swapab as SW
 
         timing.GraphTimer.side_stream, harness.free_device_memory, K.splitk_workspace = self._saved
         if self._sw is not None:
@@ -226,7 +227,7 @@ def throughput(out_dir, prov, workers, n_cands=48):
 
 
 def bench(out_dir, prov, workers, dtypes=("bf16",)):
-    shapes = [s for d in dtypes for s in S.foundation_suite(d)]
+    shapes = [s for d in dtypes for s in GS.foundation_suite(d)]
     probs = [(Problem(s.m, s.n, s.k, s.dtype), None) for s in shapes]
     precompile.precompile([(p, feasible_configs(p)) for p, _ in probs], workers=workers, log=log, op="gemm")
     path = os.path.join(out_dir, "foundation.jsonl")

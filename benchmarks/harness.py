@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Sequence
 
 from gemm_costmodel import registry
 
-from ..kernels.gemm_configs import VARIANTS, GemmConfig, Problem, VendorConfig, config_params
+from ..kernels.gemm.space import VARIANTS, GemmConfig, Problem, VendorConfig, config_params
 from . import correctness as C
 from .provenance import now
 from .store import MAX_DEATHS, ResultStore

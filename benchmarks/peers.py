@@ -296,7 +296,7 @@ def measure_shape(m, n, k, dtype, d, timer, l2, gbps, rounds: int = DEFAULT_ROUN
     import torch
 
     from gemm_costmodel.benchmarks import correctness as C
-    from gemm_costmodel.kernels.gemm_configs import Problem, VendorConfig, config_from_id
+    from gemm_costmodel.kernels.gemm.space import Problem, VendorConfig, config_from_id
 
     p = Problem(m, n, k, dtype)
     row = {"m": m, "n": n, "k": k, "dtype": dtype}
@@ -408,7 +408,7 @@ def main(argv=None) -> int:
         return 2
     from gemm_costmodel.benchmarks import precompile, provenance
     from gemm_costmodel.kernels.timing import GraphTimer
-    from gemm_costmodel.kernels.gemm_configs import Problem, VendorConfig, config_from_id
+    from gemm_costmodel.kernels.gemm.space import Problem, VendorConfig, config_from_id
     from gemm_costmodel.serving.runtime import Dispatcher
 
     os.makedirs(args.out, exist_ok=True)

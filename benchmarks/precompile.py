@@ -16,7 +16,7 @@ from typing import Iterable
 
 from gemm_costmodel import registry
 
-from ..kernels.gemm_configs import Problem, VendorConfig
+from ..kernels.gemm.space import Problem, VendorConfig
 
 
 def _space_hook(p, name: str):

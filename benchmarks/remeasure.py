@@ -20,7 +20,7 @@ from gemm_costmodel.benchmarks import correctness as C
 from gemm_costmodel.benchmarks import precompile, provenance
 from gemm_costmodel.kernels import timing
 from gemm_costmodel.benchmarks.store import ResultStore
-from gemm_costmodel.kernels.gemm_configs import Problem, config_from_id
+from gemm_costmodel.kernels.gemm.space import Problem, config_from_id
 
 
 def read_any(path):

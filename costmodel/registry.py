@@ -155,12 +155,12 @@ class OpSpec:
 REGISTRY: dict[str, OpSpec] = {
     "gemm": OpSpec(
         name="gemm", dtypes=("bf16", "fp16", "fp8"),
-        space="gemm_costmodel.kernels.gemm_configs", impl="gemm_costmodel.kernels.gemm_op",
+        space="gemm_costmodel.kernels.gemm.space", impl="gemm_costmodel.kernels.gemm.impl",
         problem_fields=("m", "n", "k", "dtype"), fixed={"e": 1, "top_k": 1}, vendor_ids=("cublas",),
-        default_config="tiled_m128n128k64_g8_w4s3", fallback="gemm_costmodel.serving.heuristic:choose",
+        default_config="tiled_m128n128k64_g8_w4s3", fallback="gemm_costmodel.kernels.gemm.heuristic:choose",
         split_key=("n", "k"),
-        suites={"foundation": "gemm_costmodel.kernels.shapes:foundation_suite",
-                "train": "gemm_costmodel.kernels.shapes:training_suite"},
+        suites={"foundation": "gemm_costmodel.kernels.gemm.suites:foundation_suite",
+                "train": "gemm_costmodel.kernels.gemm.suites:training_suite"},
         # 24 kept: with 1% rank grades the 20-tree prefix's best 16 missed the whole model's pick
         # on 2 of 500 cold problems (M = 2 GEMV near-ties); 24 agrees on all 500 (16 did with 3%
         # grades: benchmarks/results/runtime/h100-host-cascade/), at little more onnxruntime time.

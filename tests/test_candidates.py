@@ -5,8 +5,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gemm_costmodel.serving.candidates import CandidateTable, table
-from gemm_costmodel.kernels import gemm_configs as G
-from gemm_costmodel.kernels.gemm_configs import Problem, check_feasible, generate_configs
+from gemm_costmodel.kernels.gemm import space as G
+from gemm_costmodel.kernels.gemm.space import Problem, check_feasible, generate_configs
 
 DTYPES = ["bf16", "fp16", "fp8", "fp32"]
 # Values on the edges of the rules: 16-byte alignment (fp8 K/N % 16, fp16 K % 8),

@@ -11,7 +11,7 @@ import pytest
 
 from gemm_costmodel import registry
 from gemm_costmodel.benchmarks import harness as H
-from gemm_costmodel.kernels.gemm_configs import VARIANTS
+from gemm_costmodel.kernels.gemm.space import VARIANTS
 from gemm_costmodel.kernels.shapes import Shape
 
 SHARDS = sorted(glob.glob("datasets/raw/*-shard*.jsonl.gz"))

@@ -249,7 +249,7 @@ def test_build_parquet_roundtrip(tmp_path):
 
 
 def _eval_rows(m, n, k, dtype="fp16", drop=0):
-    from gemm_costmodel.kernels.gemm_configs import Problem, config_params, feasible_configs
+    from gemm_costmodel.kernels.gemm.space import Problem, config_params, feasible_configs
 
     cfgs = feasible_configs(Problem(m, n, k, dtype), "sm90")
     return [good_row(m=m, n=n, k=k, dtype=dtype, candidate=c.id, variant=c.variant, eval_shape=True,

@@ -14,7 +14,7 @@ from gemm_costmodel.serving import features as F
 from gemm_costmodel.kernels import hardware
 from gemm_costmodel.learning import pipeline
 from gemm_costmodel.serving.candidates import table as candidate_table
-from gemm_costmodel.kernels.gemm_configs import generate_configs, space_hash
+from gemm_costmodel.kernels.gemm.space import generate_configs, space_hash
 from gemm_costmodel.learning.model import FORMULATIONS, SHORTLIST_EDGES, CostModel, TrainConfig
 
 ort = pytest.importorskip("onnxruntime")

@@ -14,7 +14,7 @@ from gemm_costmodel.benchmarks import harness as H
 from gemm_costmodel.kernels import timing
 from gemm_costmodel.benchmarks.store import ResultStore, read_rows, row_key
 from gemm_costmodel.kernels.timing import FakeTimer
-from gemm_costmodel.kernels.gemm_configs import (PersistentConfig, Problem, VendorConfig,
+from gemm_costmodel.kernels.gemm.space import (PersistentConfig, Problem, VendorConfig,
                                                  feasible_configs)
 from gemm_costmodel.kernels.shapes import Shape
 

@@ -14,7 +14,7 @@ HEAVY = ("torch", "triton", "pandas", "xgboost", "sklearn")
 
 
 @pytest.mark.parametrize("module", ["serving.runtime", "serving.candidates", "serving.features", "kernels.hardware",
-                                    "serving.heuristic"])
+                                    "kernels.gemm.heuristic"])
 def test_serving_imports_nothing_heavy(module):
     code = (f"import sys, gemm_costmodel.{module}; "
             f"heavy = sorted(m for m in {HEAVY!r} if m in sys.modules); "

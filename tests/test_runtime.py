@@ -21,9 +21,10 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gemm_costmodel.serving import features as F
-from gemm_costmodel.serving import heuristic, runtime
+from gemm_costmodel.kernels.gemm import heuristic
+from gemm_costmodel.serving import runtime
 from gemm_costmodel.serving.candidates import table
-from gemm_costmodel.kernels.gemm_configs import Problem, check_feasible, config_from_id
+from gemm_costmodel.kernels.gemm.space import Problem, check_feasible, config_from_id
 from gemm_costmodel.serving.runtime import Choice, DispatchWarning, Dispatcher, check_problem, find_model, find_models
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -15,7 +15,7 @@ import pytest
 from gemm_costmodel.kernels import hardware as H
 from gemm_costmodel.serving import runtime
 from gemm_costmodel.serving.candidates import table
-from gemm_costmodel.kernels.gemm_configs import Problem, check_feasible, config_from_id, generate_configs
+from gemm_costmodel.kernels.gemm.space import Problem, check_feasible, config_from_id, generate_configs
 from gemm_costmodel.serving.runtime import Choice, DispatchWarning, Dispatcher
 
 from test_runtime import tiny_model_dir

@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from gemm_costmodel.kernels.gemm_configs import Problem, check_feasible, config_from_id
+from gemm_costmodel.kernels.gemm.space import Problem, check_feasible, config_from_id
 from gemm_costmodel.learning.model import CostModel, TrainConfig
 from gemm_costmodel.learning.pipeline import LATENCY_COMPANION, export_model, load_training_frame
 from gemm_costmodel.serving.runtime import Dispatcher

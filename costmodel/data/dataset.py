@@ -38,7 +38,7 @@ SCHEMA: dict[str, tuple[str, str]] = {
     "tpe_max": ("int", "tokens of the busiest expert (MoE; 0 = n/a)"),
     "active_experts": ("int", "experts with at least one token (MoE; 0 = n/a)"),
     "dtype": ("str", "input dtype: bf16, fp16, fp8 (e4m3, bf16 out), fp32"),
-    "candidate": ("str", "config id (kernels/gemm_configs.py) or 'cublas'"),
+    "candidate": ("str", "config id (kernels/gemm/space.py) or 'cublas'"),
     "variant": ("str", "tiled, splitk, persistent, vendor (or the foreign kernel family)"),
     "block_m": ("int", "tile rows (0 = n/a)"),
     "block_n": ("int", "tile cols (0 = n/a)"),
@@ -85,7 +85,7 @@ SHAPE_KEY = ["arch", "gpu_name", "op", "dtype", "m", "n", "k", "e", "top_k", "st
 KEY = SHAPE_KEY + ["candidate"]
 MAX_FILE_BYTES = 50 * 2**20
 # Config parameters (0 = n/a). A Triton candidate always has a tile, warps and stages;
-# group_m and split_k are per variant (see kernels/gemm_configs.config_params).
+# group_m and split_k are per variant (see kernels/gemm/space.config_params).
 PARAM_COLS = ("block_m", "block_n", "block_k", "group_m", "split_k", "num_warps", "num_stages")
 TRITON_REQUIRED = ("block_m", "block_n", "block_k", "num_warps", "num_stages")
 # Counts where 0 means unknown or n/a and a negative value means a broken writer.
@@ -207,7 +207,7 @@ def _check_times(out: pd.DataFrame, name: str) -> None:
 @functools.lru_cache(maxsize=4096)
 def _id_params(cid: str) -> dict | None:
     """{variant, *PARAM_COLS} of a config id of this project, None for any other id."""
-    from gemm_costmodel.kernels.gemm_configs import config_from_id, config_params
+    from gemm_costmodel.kernels.gemm.space import config_from_id, config_params
 
     try:
         cfg = config_from_id(cid)
@@ -286,7 +286,7 @@ def _check_params(out: pd.DataFrame, name: str) -> None:
         if want is None:
             if r.need_id:
                 raise DataError(f"{name}: column 'candidate': unknown config id {r.candidate!r} in row {i} "
-                                "(a harness row of op gemm needs an id of kernels/gemm_configs.py)")
+                                "(a harness row of op gemm needs an id of kernels/gemm/space.py)")
             continue
         for col in ("variant", *PARAM_COLS):
             if getattr(r, col) != want[col]:

@@ -1,7 +1,7 @@
 """The candidate space of one (arch, dtype) as numpy arrays, with the vectorised
 per-problem feasibility mask. The runtime featurises all feasible candidates of a
 problem at once from this table. The mask is the op's own rule list applied to the
-whole space (``gemm_configs.problem_mask``); ``check_feasible`` is its one-config case.
+whole space (``gemm.space.problem_mask``); ``check_feasible`` is its one-config case.
 """
 from __future__ import annotations
 

@@ -18,9 +18,9 @@ from typing import Callable, Mapping
 import numpy as np
 
 from gemm_costmodel.kernels.hardware import GpuSpec
-from gemm_costmodel.kernels.gemm_configs import DTYPE_BYTES as IN_BYTES
-from gemm_costmodel.kernels.gemm_configs import OUT_DTYPE, VARIANT_CODES
-from gemm_costmodel.kernels.gemm_configs import PARAM_NAMES as PARAMS
+from gemm_costmodel.kernels.gemm.space import DTYPE_BYTES as IN_BYTES
+from gemm_costmodel.kernels.gemm.space import OUT_DTYPE, VARIANT_CODES
+from gemm_costmodel.kernels.gemm.space import PARAM_NAMES as PARAMS
 
 FEATURE_VERSION = 2  # 2: variant codes 4-5 (swap-AB)
 
