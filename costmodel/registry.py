@@ -287,3 +287,21 @@ def get(name: str) -> OpSpec:
 
 def names() -> list[str]:
     return sorted(REGISTRY)
+
+
+def problem_columns() -> tuple[str, ...]:
+    """Every registered op's problem fields and pinned fields, in registry order (first seen first):
+    the columns that tell one problem from another in shared frames and keys, so shared code
+    names no op's own fields (MoE's stage and routing come from its entry)."""
+    out: dict[str, None] = {}
+    for spec in REGISTRY.values():
+        out.update(dict.fromkeys(spec.problem_fields))
+        out.update(dict.fromkeys(spec.fixed))
+    return tuple(out)
+
+
+def shape_columns() -> list[str]:
+    """problem_columns in the shared frames' order: dtype, M, N, K, then the rest (e.g. e, top_k,
+    stage, routing)."""
+    base = ["dtype", "m", "n", "k"]
+    return base + [c for c in problem_columns() if c not in base]

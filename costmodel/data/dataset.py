@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from gemm_costmodel import registry
+
 from .health import STATUS_ORDER, health
 
 # out_of_memory: the device had no memory for the shape's operands or workspace (another
@@ -81,7 +83,7 @@ OPTIONAL_DEFAULTS = {"op": "gemm", "e": 1, "top_k": 1, "stage": "", "routing": "
                      "l2_policy": "", "seed": 0, "suite": ""}
 # Two GPUs of one arch (H100, H200: both sm90) are different machines to the cost
 # model, so their measurements are never merged.
-SHAPE_KEY = ["arch", "gpu_name", "op", "dtype", "m", "n", "k", "e", "top_k", "stage", "routing"]
+SHAPE_KEY = ["arch", "gpu_name", "op"] + registry.shape_columns()
 KEY = SHAPE_KEY + ["candidate"]
 MAX_FILE_BYTES = 50 * 2**20
 # Config parameters (0 = n/a). A Triton candidate always has a tile, warps and stages;
@@ -457,7 +459,7 @@ def demote_incomplete_eval_shapes(df: pd.DataFrame) -> tuple[pd.DataFrame, list[
            & (df["source"] == "harness"))
     if not sel.any():
         return df, []
-    keys = ["op", "arch", "gpu_name", "dtype", "m", "n", "k", "e", "top_k", "stage", "routing"]
+    keys = ["op", "arch", "gpu_name"] + registry.shape_columns()
     demoted, demoted_keys = [], []
     for key, present in df[sel].groupby(keys, observed=True)["candidate"]:
         row = dict(zip(keys, key))
