@@ -12,10 +12,12 @@ from typing import Callable
 
 import torch
 
-from ..kernels.gemm_configs import GemmConfig, Problem
+from ..kernels.gemm.space import GemmConfig, Problem
 # The dense GEMM's operands, reference and error bounds live with its kernels (the op
 # registry's ``impl``); these names stay importable from here.
-from ..kernels.gemm_op import ERROR_BOUNDS, FP8_MAX, Operands, make_operands  # noqa: F401
+from ..kernels.gemm.impl import ERROR_BOUNDS, FP8_MAX, Operands, make_operands  # noqa: F401
+# The timer's operand copies live with the timer (serving's unsure mode uses them too).
+from ..kernels.timing import timing_copies  # noqa: F401
 
 STATUS_OK = "ok"
 STATUS_WRONG = "wrong"
@@ -41,7 +43,7 @@ def seed_for(problem: Problem, seed: int) -> int:
     return int.from_bytes(h[:4], "little")
 
 
-def operand_sets(problem, seed: int, l2_bytes: int, device: str | torch.device = "cuda", op: str = "gemm"
+def operand_sets(problem, seed: int, l2_bytes: int, device: str | torch.device = "cuda", *, op: str
                  ) -> tuple[list, torch.Tensor]:
     """The seeded operand sets a shape is timed on (enough copies to rotate over >= 2x L2,
     one on CPU) and the fp32 reference of the first, which the gate checks against."""
@@ -56,22 +58,9 @@ def operand_sets(problem, seed: int, l2_bytes: int, device: str | torch.device =
     return timing_copies(impl, problem, first, gen, l2_bytes, device), impl.reference(first)
 
 
-def timing_copies(impl, problem, first, gen: torch.Generator, l2_bytes: int, device) -> list:
-    """``first`` and the further operand sets (of the op implementation ``impl``, drawn from
-    ``gen``) that a timer rotates over so that every launch reads its operands from HBM: >= 2x L2
-    of what the sets hold, or of what a launch reads where the op knows that itself
-    (``impl.timing_copies``: the MoE stages read a few experts of a large weight)."""
-    from .timing import copies_for
-
-    if hasattr(impl, "timing_copies"):
-        return impl.timing_copies(first, copies_for(impl.bytes_read(first), l2_bytes))
-    n_copies = copies_for(first.nbytes, l2_bytes)
-    return [first] + [impl.make_operands(problem, device, gen) for _ in range(n_copies - 1)]
-
-
 def reference(ops) -> torch.Tensor:
     """fp32 reference output for one dense-GEMM operand set."""
-    from ..kernels.gemm_op import reference as ref
+    from ..kernels.gemm.impl import reference as ref
 
     return ref(ops)
 

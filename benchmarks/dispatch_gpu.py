@@ -41,9 +41,9 @@ def main(argv=None) -> int:
     from gemm_costmodel.serving import ops
     from gemm_costmodel.benchmarks import correctness as C
     from gemm_costmodel.benchmarks import provenance
-    from gemm_costmodel.benchmarks.timing import GraphTimer, copies_for
-    from gemm_costmodel.kernels import gemm as K
-    from gemm_costmodel.kernels.gemm_configs import Problem, config_from_id
+    from gemm_costmodel.kernels.timing import GraphTimer, copies_for
+    from gemm_costmodel.kernels.gemm import kernel as K
+    from gemm_costmodel.kernels.gemm.space import Problem, config_from_id
     from gemm_costmodel.serving.runtime import Dispatcher
 
     paths = sorted(p for pat in args.data for p in glob.glob(pat))
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
             ids.add(dh.select(p.m, p.n, p.k, p.dtype).candidate)
         todo.append((p, [config_from_id(c) for c in ids if c != "cublas"]))
     d.clear_cache()
-    precompile.precompile(todo, log=lambda m: print(m, flush=True))
+    precompile.precompile(todo, log=lambda m: print(m, flush=True), op="gemm")
     timer = GraphTimer()
     l2 = prov.get("l2_bytes") or 50 * 2**20
     rows = []

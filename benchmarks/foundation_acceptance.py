@@ -23,11 +23,13 @@ import time
 
 import torch
 
-from gemm_costmodel.data import shapes as S
+from gemm_costmodel.kernels import shapes as S
+from gemm_costmodel.kernels.gemm import suites as GS
 from gemm_costmodel.benchmarks import correctness as C
-from gemm_costmodel.benchmarks import harness, precompile, provenance, timing
+from gemm_costmodel.benchmarks import harness, precompile, provenance
+from gemm_costmodel.kernels import timing
 from gemm_costmodel.benchmarks.store import ResultStore
-from gemm_costmodel.kernels.gemm_configs import Problem, config_params, feasible_configs
+from gemm_costmodel.kernels.gemm.space import Problem, config_params, feasible_configs
 
 WEIRD_M = (1, 7, 33, 4097)
 WEIRD_NK = ((1000, 1048), (333, 517), (1040, 1104))  # 333/517 break TMA alignment; 1040/1104 allow fp8 TMA and cuBLAS
@@ -59,7 +61,7 @@ def ceilings(out_dir, prov):
 def gate_all(out_dir, prov, workers):
     problems = [Problem(m, n, k, d) for d in DTYPES for (n, k) in WEIRD_NK for m in WEIRD_M]
     plan = [(p, feasible_configs(p)) for p in problems]
-    precompile.precompile(plan, workers=workers, log=log)
+    precompile.precompile(plan, workers=workers, log=log, op="gemm")
     path = os.path.join(out_dir, "gate.jsonl")
     counts = {}
     t0 = time.perf_counter()
@@ -94,15 +96,15 @@ def capture_ab(out_dir, prov, workers, rounds=2, n_cands=48):
     import tempfile
 
     probs = [Problem(s.m, s.n, s.k, s.dtype) for s in THROUGHPUT_SHAPES]
-    cands = {p: harness.select_candidates(p, f"sample:{n_cands}", 1) for p in probs}
-    precompile.precompile(list(cands.items()), workers=workers, log=log)
+    cands = {p: harness.select_candidates(p, f"sample:{n_cands}", 1, op="gemm") for p in probs}
+    precompile.precompile(list(cands.items()), workers=workers, log=log, op="gemm")
     res = {"torch_capture": [], "light_capture": [], "timer_stats": {}}
     for r in range(2 * rounds + 1):  # the first round warms the kernels and is not counted
         light = r % 2 == 0
         timer = timing.GraphTimer(light_capture=light)
         with tempfile.TemporaryDirectory() as tmp, ResultStore(os.path.join(tmp, "t.jsonl")) as store:
             stats = harness.run_sweep(THROUGHPUT_SHAPES, store, timer, mode=f"sample:{n_cands}", seed=1,
-                                      provenance=prov, suite="throughput", progress=False)
+                                      provenance=prov, suite="throughput", progress=False, op="gemm")
         if r == 0:
             continue
         name = "light_capture" if light else "torch_capture"
@@ -120,7 +122,7 @@ class _BeforeMemoryFix:
     inside every capture), nothing freed between shapes."""
 
     def __enter__(self):
-        from gemm_costmodel.kernels import gemm as K
+        from gemm_costmodel.kernels.gemm import kernel as K
 
         self._saved = (timing.GraphTimer.side_stream, harness.free_device_memory, K.splitk_workspace)
         timing.GraphTimer.side_stream = lambda self: torch.cuda.Stream()
@@ -129,15 +131,15 @@ class _BeforeMemoryFix:
                  torch.empty((split_k, m, n), dtype=torch.float32, device=device))
         K.splitk_workspace = fresh
         # gemm_swapab imported the name: patch it there too.
-        import gemm_costmodel.kernels.gemm_swapab as SW
+        import gemm_costmodel.kernels.gemm.swapab as SW
         self._sw = getattr(SW, "splitk_workspace", None)
         if self._sw is not None:
             SW.splitk_workspace = fresh
         return self
 
     def __exit__(self, *exc):
-        from gemm_costmodel.kernels import gemm as K
-        import gemm_costmodel.kernels.gemm_swapab as SW
+        from gemm_costmodel.kernels.gemm import kernel as K
+        import gemm_costmodel.kernels.gemm.swapab as SW
 
         timing.GraphTimer.side_stream, harness.free_device_memory, K.splitk_workspace = self._saved
         if self._sw is not None:
@@ -150,8 +152,8 @@ def memory_ab(out_dir, prov, workers, rounds=3, n_cands=48):
     import tempfile
 
     probs = [Problem(s.m, s.n, s.k, s.dtype) for s in THROUGHPUT_SHAPES]
-    cands = {p: harness.select_candidates(p, f"sample:{n_cands}", 1) for p in probs}
-    precompile.precompile(list(cands.items()), workers=workers, log=log)
+    cands = {p: harness.select_candidates(p, f"sample:{n_cands}", 1, op="gemm") for p in probs}
+    precompile.precompile(list(cands.items()), workers=workers, log=log, op="gemm")
     arms = ("flat_memory", "before", "free_every_shape")
     res = {a: [] for a in arms}
     res["reserved_mb"] = {a: [] for a in arms}
@@ -164,14 +166,14 @@ def memory_ab(out_dir, prov, workers, rounds=3, n_cands=48):
             if name == "before":
                 with _BeforeMemoryFix():
                     stats = harness.run_sweep(THROUGHPUT_SHAPES, store, timing.GraphTimer(), mode=f"sample:{n_cands}",
-                                              seed=1, provenance=prov, suite="throughput", progress=False)
+                                              seed=1, provenance=prov, suite="throughput", progress=False, op="gemm")
             else:
                 if name == "free_every_shape":
                     harness.free_device_memory = lambda timer, device, force=True: real_free(timer, device, True)
                 try:
                     stats = harness.run_sweep(THROUGHPUT_SHAPES, store, timing.GraphTimer(),
                                               mode=f"sample:{n_cands}", seed=1, provenance=prov,
-                                              suite="throughput", progress=False)
+                                              suite="throughput", progress=False, op="gemm")
                 finally:
                     harness.free_device_memory = real_free
         if r == 0:
@@ -189,8 +191,8 @@ def throughput(out_dir, prov, workers, n_cands=48):
     from triton.testing import do_bench
 
     probs = [Problem(s.m, s.n, s.k, s.dtype) for s in THROUGHPUT_SHAPES]
-    cands = {p: harness.select_candidates(p, f"sample:{n_cands}", 1) for p in probs}
-    precompile.precompile(list(cands.items()), workers=workers, log=log)
+    cands = {p: harness.select_candidates(p, f"sample:{n_cands}", 1, op="gemm") for p in probs}
+    precompile.precompile(list(cands.items()), workers=workers, log=log, op="gemm")
     path = os.path.join(out_dir, "throughput_harness.jsonl")
     with ResultStore(path) as store:
         # Warm the in-process kernel cache so both methods exclude compile/load.
@@ -204,7 +206,7 @@ def throughput(out_dir, prov, workers, n_cands=48):
         torch.cuda.synchronize()
         timer = timing.GraphTimer()
         stats = harness.run_sweep(THROUGHPUT_SHAPES, store, timer, mode=f"sample:{n_cands}",
-                                  seed=1, provenance=prov, suite="throughput", progress=False)
+                                  seed=1, provenance=prov, suite="throughput", progress=False, op="gemm")
     t0 = time.perf_counter()
     n = 0
     db = {}
@@ -225,13 +227,13 @@ def throughput(out_dir, prov, workers, n_cands=48):
 
 
 def bench(out_dir, prov, workers, dtypes=("bf16",)):
-    shapes = [s for d in dtypes for s in S.foundation_suite(d)]
+    shapes = [s for d in dtypes for s in GS.foundation_suite(d)]
     probs = [(Problem(s.m, s.n, s.k, s.dtype), None) for s in shapes]
-    precompile.precompile([(p, feasible_configs(p)) for p, _ in probs], workers=workers, log=log)
+    precompile.precompile([(p, feasible_configs(p)) for p, _ in probs], workers=workers, log=log, op="gemm")
     path = os.path.join(out_dir, "foundation.jsonl")
     with ResultStore(path) as store:
         stats = harness.run_sweep(shapes, store, timing.GraphTimer(), mode="all", provenance=prov,
-                                  suite="foundation", progress=True)
+                                  suite="foundation", progress=True, op="gemm")
     log(f"bench: {stats}")
     return stats
 

@@ -21,10 +21,12 @@ from typing import Callable, Iterable, Sequence
 
 from gemm_costmodel import registry
 
-from ..kernels.gemm_configs import VARIANTS, GemmConfig, Problem, VendorConfig, config_params
+from ..kernels.gemm.space import VARIANTS, GemmConfig, Problem, VendorConfig, config_params
 from . import correctness as C
 from .provenance import now
 from .store import MAX_DEATHS, ResultStore
+# The sweep frees device memory as serving's unsure mode does: one definition, with the timer.
+from ..kernels.timing import FREE_SLACK_BYTES, free_device_memory  # noqa: F401
 
 L2_POLICY = "rotate"
 
@@ -54,7 +56,7 @@ def in_shard(shape, shard: tuple[int, int]) -> bool:
 SAMPLE_BASE_VARIANTS = ("tiled", "splitk", "persistent")
 
 
-def select_candidates(problem: Problem, mode: str, seed: int, arch: str = "sm90", op: str = "gemm"
+def select_candidates(problem: Problem, mode: str, seed: int, arch: str = "sm90", *, op: str
                       ) -> list[GemmConfig]:
     """Candidates to measure for a problem: 'all', 'sample:K' (K Triton configs + vendor),
     'variant:A[,B...]' (every feasible config of those variants + vendor) or 'pick:CSV' (the
@@ -196,35 +198,6 @@ def shape_memory(device: str) -> dict | None:
     return out
 
 
-# Between shapes, cached device memory is returned only above this much slack (reserved
-# minus allocated): empty_cache() synchronises and frees, and the next shape's inputs
-# then come from cudaMalloc again; done after every shape it cost a third of the
-# throughput on small shapes (H100: 89-98/s against 132-144/s, memory_ab.json).
-FREE_SLACK_BYTES = 4 * 2**30
-
-
-def free_device_memory(timer, device: str, force: bool = True) -> None:
-    """Return what the sweep no longer uses to the driver: the private pools of the timer's
-    finished graphs and the allocator's cached blocks (those of dead Python objects too).
-    With ``force=False`` only when more than FREE_SLACK_BYTES are cached but unused."""
-    if not str(device).startswith("cuda"):
-        if hasattr(timer, "reset"):
-            timer.reset()
-        return
-    import gc
-
-    import torch
-
-    if not force and torch.cuda.memory_reserved() - torch.cuda.memory_allocated() <= FREE_SLACK_BYTES:
-        return
-    if hasattr(timer, "reset"):
-        timer.reset()
-    if force:
-        gc.collect()  # reference cycles holding tensors; graphs are freed by refcount alone
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-
-
 def _progress(total: int, desc: str, enabled: bool):
     try:
         from tqdm import tqdm
@@ -291,7 +264,7 @@ def measure_candidate(cfg: GemmConfig, ops, ref, dtype: str, timer, key: tuple, 
 def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all", seed: int = 0,
               device: str = "cuda", arch: str = "sm90", provenance: dict | None = None,
               suite: str = "user", progress: bool = True, time_budget_s: float | None = None,
-              on_shape: Callable[[object, dict], None] | None = None, op: str = "gemm") -> SweepStats:
+              on_shape: Callable[[object, dict], None] | None = None, op: str) -> SweepStats:
     """Measure every selected candidate of every shape of ``op`` not yet in ``store``.
 
     With ``time_budget_s``, stops cleanly between shapes once the budget is
@@ -314,7 +287,7 @@ def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all",
     plan = []
     for sh in shapes:
         prob = shape_problem(spec, sh)
-        cands = select_candidates(prob, mode, seed, arch, op)
+        cands = select_candidates(prob, mode, seed, arch, op=op)
         todo = [c for c in cands if not store.done(key_of(op, sh, c.id))]
         stats.skipped += len(cands) - len(todo)
         if todo:
@@ -333,7 +306,7 @@ def run_sweep(shapes: Sequence, store: ResultStore, timer, *, mode: str = "all",
             phase = stats.phase_seconds
             phase0 = dict(phase)
             try:
-                ops, ref = C.operand_sets(prob, seed, l2, device, op)
+                ops, ref = C.operand_sets(prob, seed, l2, device, op=op)
             except Exception as exc:  # noqa: BLE001 - only running out of memory skips a shape
                 if not C.is_out_of_memory(exc):
                     raise

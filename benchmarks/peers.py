@@ -296,7 +296,7 @@ def measure_shape(m, n, k, dtype, d, timer, l2, gbps, rounds: int = DEFAULT_ROUN
     import torch
 
     from gemm_costmodel.benchmarks import correctness as C
-    from gemm_costmodel.kernels.gemm_configs import Problem, VendorConfig, config_from_id
+    from gemm_costmodel.kernels.gemm.space import Problem, VendorConfig, config_from_id
 
     p = Problem(m, n, k, dtype)
     row = {"m": m, "n": n, "k": k, "dtype": dtype}
@@ -311,7 +311,7 @@ def measure_shape(m, n, k, dtype, d, timer, l2, gbps, rounds: int = DEFAULT_ROUN
         d.select(m, n, k, dtype)
     row.update(dispatched=choice.candidate, source=choice.source, cold_decision_us=statistics.median(colds),
                warm_decision_ns=(time.perf_counter() - t) * 1e6)
-    opsets, ref = C.operand_sets(p, 0, l2)
+    opsets, ref = C.operand_sets(p, 0, l2, op="gemm")
     first, n_copies = opsets[0], len(opsets)
     row["n_copies"] = n_copies
     floor_us = first.nbytes / (gbps * 1e3)
@@ -407,8 +407,8 @@ def main(argv=None) -> int:
         print("peers: error: no CUDA device", file=sys.stderr)
         return 2
     from gemm_costmodel.benchmarks import precompile, provenance
-    from gemm_costmodel.benchmarks.timing import GraphTimer
-    from gemm_costmodel.kernels.gemm_configs import Problem, VendorConfig, config_from_id
+    from gemm_costmodel.kernels.timing import GraphTimer
+    from gemm_costmodel.kernels.gemm.space import Problem, VendorConfig, config_from_id
     from gemm_costmodel.serving.runtime import Dispatcher
 
     os.makedirs(args.out, exist_ok=True)
@@ -420,7 +420,7 @@ def main(argv=None) -> int:
     d = Dispatcher()
     pre = [(Problem(*s), [config_from_id(d.select(*s).candidate)]) for s in todo]
     precompile.precompile([(p, [c for c in cs if not isinstance(c, VendorConfig)]) for p, cs in pre],
-                          log=lambda m: print(m, file=sys.stderr, flush=True))
+                          log=lambda m: print(m, file=sys.stderr, flush=True), op="gemm")
     timer = GraphTimer()
     meta_path = os.path.join(args.out, "meta.json")
     meta = json.load(open(meta_path)) if os.path.isfile(meta_path) else {}

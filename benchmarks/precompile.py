@@ -16,7 +16,7 @@ from typing import Iterable
 
 from gemm_costmodel import registry
 
-from ..kernels.gemm_configs import Problem, VendorConfig
+from ..kernels.gemm.space import Problem, VendorConfig
 
 
 def _space_hook(p, name: str):
@@ -138,7 +138,7 @@ def chunks_for(tasks: list[tuple], workers: int) -> list[list[tuple]]:
     return [c for c in chunks if c]
 
 
-def precompile(problems_and_configs, workers: int | None = None, log=print, op: str = "gemm") -> int:
+def precompile(problems_and_configs, workers: int | None = None, log=print, *, op: str) -> int:
     """Compile every needed (config, specialisation) in parallel; returns how many compiled."""
     tasks = plan(problems_and_configs)
     if not tasks:

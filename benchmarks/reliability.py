@@ -32,7 +32,7 @@ HBM = 3.0e12
 def estimated_seconds(m: int, n: int, k: int, dtype: str) -> float:
     """Rough sweep time of one shape in full: candidates x (host overhead + ~8 launches of
     twice the roofline time); enough to keep the list inside one device call."""
-    from gemm_costmodel.kernels.gemm_configs import Problem, feasible_configs
+    from gemm_costmodel.kernels.gemm.space import Problem, feasible_configs
 
     e = 1 if dtype == "fp8" else 2
     t = max(2 * m * n * k / RATES[dtype], (m * k + n * k) * e / HBM) + 5e-6

@@ -17,9 +17,10 @@ import sys
 import torch
 
 from gemm_costmodel.benchmarks import correctness as C
-from gemm_costmodel.benchmarks import precompile, provenance, timing
+from gemm_costmodel.benchmarks import precompile, provenance
+from gemm_costmodel.kernels import timing
 from gemm_costmodel.benchmarks.store import ResultStore
-from gemm_costmodel.kernels.gemm_configs import Problem, config_from_id
+from gemm_costmodel.kernels.gemm.space import Problem, config_from_id
 
 
 def read_any(path):
@@ -42,7 +43,7 @@ def main():
     for r in pick:
         by_shape.setdefault((r["dtype"], r["m"], r["n"], r["k"]), []).append(r)
     plan = [(Problem(m, n, k, d), [config_from_id(r["candidate"]) for r in rs]) for (d, m, n, k), rs in by_shape.items()]
-    precompile.precompile(plan, workers=14, log=lambda m: print(m, file=sys.stderr))
+    precompile.precompile(plan, workers=14, log=lambda m: print(m, file=sys.stderr), op="gemm")
     prov = provenance.collect(torch.cuda.current_device())
     timer = timing.GraphTimer()
     os.makedirs(args.out, exist_ok=True)

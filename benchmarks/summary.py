@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..kernels.gemm_configs import DTYPE_BYTES, OUT_DTYPE
+from ..kernels.gemm.space import DTYPE_BYTES, OUT_DTYPE
 # Shared with the cost model's reports; summary.geomean / summary.markdown_table stay importable.
 from ..util import geomean, markdown_table  # noqa: F401
 

@@ -27,7 +27,7 @@ import torch
 from gemm_costmodel.benchmarks import cublaslt
 from gemm_costmodel.benchmarks import correctness as C
 from gemm_costmodel.benchmarks import provenance
-from gemm_costmodel.kernels.gemm_configs import Problem, VendorConfig
+from gemm_costmodel.kernels.gemm.space import Problem, VendorConfig
 
 
 def read_shapes(path: str) -> list[tuple[str, int, int, int]]:

@@ -37,7 +37,7 @@ def _check_op_dtypes(op: str, dtypes) -> None:
 
 def _shapes_from_args(args):
     from gemm_costmodel import registry
-    from gemm_costmodel.data import shapes as S
+    from gemm_costmodel.kernels import shapes as S
 
     spec = registry.get(args.op)
     out = []
@@ -83,7 +83,8 @@ def cmd_bench(args) -> int:
     import torch
 
     from gemm_costmodel import registry
-    from gemm_costmodel.benchmarks import harness, precompile, provenance, timing
+    from gemm_costmodel.benchmarks import harness, precompile, provenance
+    from gemm_costmodel.kernels import timing
     from gemm_costmodel.benchmarks.store import ResultStore
 
     try:
@@ -120,7 +121,7 @@ def cmd_bench(args) -> int:
                     p = harness.shape_problem(spec, s)
                     # Only what this run will measure: a resumed sweep recompiled every candidate of
                     # every shape (200 s on a fresh machine for the MoE gate's last 135 rows).
-                    cands = [c for c in harness.select_candidates(p, args.mode, args.seed, args.arch, args.op)
+                    cands = [c for c in harness.select_candidates(p, args.mode, args.seed, args.arch, op=args.op)
                              if not store.done(harness.key_of(args.op, s, c.id))]
                     if cands:
                         todo.append((p, cands))
@@ -228,7 +229,12 @@ def cmd_dataset(args) -> int:
 
     try:
         if args.action == "build":
-            raws = sorted(p for pat in args.raw for p in (glob.glob(pat) or [pat]))
+            # The default patterns take what `costmodel bench` writes there (plain .jsonl) and the
+            # committed, gzipped shards; a default pattern matching nothing is no error, a given one is.
+            given = args.raw is not None
+            raws = sorted(p for pat in (args.raw or RAW_SHARDS) for p in (glob.glob(pat) or ([pat] if given else [])))
+            if not given:
+                raws = _without_gzipped_twins(raws)
             if not raws:
                 return _fail("no raw shard files given")
             for path in D.build_parquet(raws, args.root, log=lambda msg: print(msg, file=sys.stderr)):
@@ -253,6 +259,19 @@ def cmd_dataset(args) -> int:
         return 0
     except (OSError, ValueError) as exc:
         return _fail(str(exc))
+
+
+# Where `costmodel bench` writes its shards (--out) and what `costmodel dataset build` reads by default.
+RAW_DIR = os.path.join("datasets", "raw")
+RAW_SHARDS = [os.path.join(RAW_DIR, "*-shard*.jsonl.gz"), os.path.join(RAW_DIR, "*-shard*.jsonl")]
+
+
+def _without_gzipped_twins(paths: list) -> list:
+    """The shards, less a .jsonl.gz whose plain .jsonl is there too: a committed shard unpacked and
+    resumed by `costmodel bench` (the .jsonl holds the old rows and the new; reading both would
+    count the old rows twice and write one parquet stem twice)."""
+    have = set(paths)
+    return [p for p in paths if not (p.endswith(".jsonl.gz") and p[:-3] in have)]
 
 
 def _validate_dataset(paths, root: str) -> int:
@@ -872,7 +891,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--devices", type=int, default=0, help="spawn one process per GPU")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--arch", default="sm90")
-    b.add_argument("--out", default="benchmarks/results/runs")
+    b.add_argument("--out", default=RAW_DIR, help="folder of the shard files (default datasets/raw, which "
+                   "`costmodel dataset build` reads)")
     b.add_argument("--name", default="sweep", help="file name prefix of the shard files")
     b.add_argument("--timer", default="graph", choices=["graph", "do_bench"])
     b.add_argument("--only", help="CSV (M,N,K[,dtype][,stage]): keep only these shapes of the suite, e.g. to "
@@ -893,8 +913,9 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("dataset", help="build, validate or describe the dataset")
     d.add_argument("action", choices=["build", "validate", "card"])
     d.add_argument("files", nargs="*", help="data files (default: all parquet under --root)")
-    d.add_argument("--raw", nargs="+", default=["datasets/raw/*-shard*.jsonl.gz"],
-                   help="harness shards to convert (build)")
+    d.add_argument("--raw", nargs="+", default=None,
+                   help="harness shards to convert (build; default: datasets/raw/*-shard*.jsonl.gz and .jsonl, "
+                        "where `costmodel bench` writes)")
     d.add_argument("--root", default="datasets")
     d.add_argument("--remeasure", nargs="*", default=["datasets/raw/remeasure*.jsonl.gz"],
                    help="noise-floor re-measurements (card); '' to skip")

@@ -56,8 +56,9 @@ class OpSpec:
     split_key: tuple[str, ...] = ("n", "k")
     suites: dict = field(default_factory=dict)
     extra_features: tuple[str, ...] = ()
-    # 'module:function' (pandas; lazily) returning {method: scores} of op-specific baselines
-    # for the held-out evaluation, fitted on the fold's training rows only (e.g. vLLM's tables).
+    # 'module:function' (pandas; lazily) returning {method: picks (shape id -> candidate id)} of
+    # op-specific baselines for the held-out evaluation, given the evaluation rows and the fold's
+    # training evaluation rows (fitted on those only; e.g. vLLM's tables).
     baselines: str = ""
     # TrainConfig defaults of this op's models (the command line overrides them).
     train_defaults: dict = field(default_factory=dict)
@@ -130,9 +131,11 @@ class OpSpec:
     def fallback_rule(self) -> Callable:
         return _resolve(self.fallback)
 
-    def baseline_scores(self, ev, train) -> dict:
-        """Op-specific baseline scores on evaluation rows ({} when the op names none)."""
-        return _resolve(self.baselines)(ev, train) if self.baselines else {}
+    def baseline_picks(self, ev, train_ev) -> dict:
+        """Op-specific baselines on evaluation rows: {method: pandas Series, shape id -> the
+        candidate id it runs} ({} when the op names none); the evaluation scores the picks, so an
+        op's baselines need nothing from learning/."""
+        return _resolve(self.baselines)(ev, train_ev) if self.baselines else {}
 
     def report_sections(self, results) -> list[str]:
         """The op's own report sections: ``report_section(results)`` of its baselines module."""
@@ -158,12 +161,12 @@ class OpSpec:
 REGISTRY: dict[str, OpSpec] = {
     "gemm": OpSpec(
         name="gemm", dtypes=("bf16", "fp16", "fp8"),
-        space="gemm_costmodel.kernels.gemm_configs", impl="gemm_costmodel.kernels.gemm_op",
+        space="gemm_costmodel.kernels.gemm.space", impl="gemm_costmodel.kernels.gemm.impl",
         problem_fields=("m", "n", "k", "dtype"), fixed={"e": 1, "top_k": 1}, vendor_ids=("cublas",),
-        default_config="tiled_m128n128k64_g8_w4s3", fallback="gemm_costmodel.serving.heuristic:choose",
+        default_config="tiled_m128n128k64_g8_w4s3", fallback="gemm_costmodel.kernels.gemm.heuristic:choose",
         split_key=("n", "k"),
-        suites={"foundation": "gemm_costmodel.data.shapes:foundation_suite",
-                "train": "gemm_costmodel.data.shapes:training_suite"},
+        suites={"foundation": "gemm_costmodel.kernels.gemm.suites:foundation_suite",
+                "train": "gemm_costmodel.kernels.gemm.suites:training_suite"},
         # 16 kept: the prefix's best 16 hold the whole model's pick on 3,500 of 3,500 problems
         # (docs/decisions/063-gemm-model-defaults.md).
         cascade={"keep": 16},
@@ -182,7 +185,7 @@ REGISTRY: dict[str, OpSpec] = {
         suites={"train": "gemm_costmodel.kernels.fp8_blockscale.suites:training_suite",
                 "eval": "gemm_costmodel.kernels.fp8_blockscale.suites:eval_suite",
                 "gate": "gemm_costmodel.kernels.fp8_blockscale.suites:gate_suite"},
-        baselines="gemm_costmodel.kernels.fp8_blockscale.baselines:scores",
+        baselines="gemm_costmodel.kernels.fp8_blockscale.baselines:picks",
         # No shortlist, 300 trees of depth 8 (leave-family-out 1.010), 1% grades, no vendor margin,
         # M = 1 trees fitted on every M (M = 1 weighted 20): docs/decisions/064-fp8bs-model-defaults.md.
         train_defaults={"shortlist_tol": 0.0, "n_estimators": 300, "max_depth": 8, "learning_rate": 0.1,
@@ -213,7 +216,7 @@ REGISTRY: dict[str, OpSpec] = {
                         "log2_grid_programs", "log2_t_weights_us", "log2_t_traffic_real_us",
                         "log2_t_waves_real_us", "gemv_log2_programs", "gemv_k_steps", "gemv_acc_per_thread",
                         "gemv_log2_occupancy", "gemv_waves", "gemv_log2_inflight_kb", "gemv_log2_serial_steps"),
-        baselines="gemm_costmodel.kernels.moe.baselines:scores",
+        baselines="gemm_costmodel.kernels.moe.baselines:picks",
         # 300 trees at eta 0.1, no shortlist (few training shapes), 1% grades, decode queries (M <= 4)
         # weighted 4 with trees of their own: docs/decisions/065-moe-model-defaults.md.
         train_defaults={"shortlist_tol": 0.0, "n_estimators": 300, "learning_rate": 0.1, "rank_step": 1.01,
@@ -237,7 +240,11 @@ REGISTRY: dict[str, OpSpec] = {
         features="gemm_costmodel.kernels.ck_a8w8_blockscale.features", kind="classifier",
         dispatcher="gemm_costmodel.kernels.ck_a8w8_blockscale.serving:ClassifierDispatcher"),
 }
+# The op the command line runs when --op is not given (and whose report sits at models/report/).
 DEFAULT_OP = "gemm"
+# The op of data written before the op registry (rows, tuned tables, models without an op field):
+# dense GEMM. A data-format rule, not an argument default: library functions take the op.
+LEGACY_OP = "gemm"
 
 
 def get(name: str) -> OpSpec:
@@ -250,3 +257,21 @@ def get(name: str) -> OpSpec:
 def names(kind: str | None = None) -> list[str]:
     """Registered op names (of one ``kind`` if given: 'ranker' or 'classifier')."""
     return sorted(n for n, s in REGISTRY.items() if kind is None or s.kind == kind)
+
+
+def problem_columns() -> tuple[str, ...]:
+    """Every registered op's problem fields and pinned fields, in registry order (first seen first):
+    the columns that tell one problem from another in shared frames and keys, so shared code
+    names no op's own fields (MoE's stage and routing come from its entry)."""
+    out: dict[str, None] = {}
+    for spec in REGISTRY.values():
+        out.update(dict.fromkeys(spec.problem_fields))
+        out.update(dict.fromkeys(spec.fixed))
+    return tuple(out)
+
+
+def shape_columns() -> list[str]:
+    """problem_columns in the shared frames' order: dtype, M, N, K, then the rest (e.g. e, top_k,
+    stage, routing)."""
+    base = ["dtype", "m", "n", "k"]
+    return base + [c for c in problem_columns() if c not in base]

@@ -1,6 +1,6 @@
 """Small helpers shared by the cost model (gemm_costmodel.*) and the benchmarks
 (gemm_costmodel.benchmarks.*), kept here so that neither side imports the other
-for them. Imports numpy only: no torch, triton or pandas."""
+for them. Imports numpy only (pandas lazily, where a helper takes a frame): no torch or triton."""
 from __future__ import annotations
 
 import os
@@ -36,3 +36,14 @@ def git_sha() -> str:
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def m_bucket(m):
+    """Decode / small / mid / prefill buckets of M (a pandas Series), for the reports."""
+    import math
+
+    import pandas as pd
+
+    edges = [0, 16, 64, 256, 1024, math.inf]
+    labels = ["1-16", "17-64", "65-256", "257-1024", ">1024"]
+    return pd.cut(m, edges, labels=labels)

@@ -1,7 +1,8 @@
-"""GEMM kernels (folder kernels/, imported as ``gemm_costmodel.kernels``).
+"""Kernels (folder kernels/, imported as ``gemm_costmodel.kernels``): one folder per op.
 
-gemm.py: the Triton kernels and ``launch(cfg, x, w)`` for every candidate (swap-AB
-kernels in gemm_swapab.py); common.py: the helpers both share (tile order, K loop,
-split-K epilogue, operand checks, buffers); gemm_configs.py: the configs and the
-feasible candidate space. Exploration-only kernels are in benchmarks/explore/, not installed.
+gemm/ (dense GEMM), fp8_blockscale/, moe/: each op's space, kernels, implementation and
+suites; common.py: the Triton/host helpers the kernels share (tile order, K loop, split-K
+epilogue, operand checks, buffers); space_common.py: what every op's config space shares;
+shapes.py: the LLM layer catalogue the suites draw from; hardware.py: the GPU table;
+timing.py: the CUDA-graph timer. Exploration-only kernels are in benchmarks/explore/, not installed.
 """

@@ -1,4 +1,4 @@
-"""Helpers shared by the GEMM kernel modules (gemm.py, gemm_swapab.py, and the
+"""Helpers shared by the GEMM kernel modules (gemm/kernel.py, gemm/swapab.py, and the
 exploration kernels in benchmarks/explore/), so that a kernel module takes its helpers from
 here and never from another kernel module (no import cycle).
 
@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemm_configs import OUT_DTYPE
+from .space_common import OUT_DTYPE
 
 TORCH_DTYPES = {
     "bf16": torch.bfloat16,

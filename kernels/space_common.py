@@ -13,6 +13,48 @@ import hashlib
 from dataclasses import dataclass
 from typing import ClassVar
 
+# Element sizes in bytes of the input dtypes the family supports. fp32 is only
+# used by CPU interpreter tests.
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
+# Output dtype per input dtype: fp8 (e4m3, per-tensor scales) writes bf16.
+OUT_DTYPE = {"bf16": "bf16", "fp16": "fp16", "fp8": "bf16", "fp32": "fp32"}
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """The numbers of a GPU architecture that the config space depends on."""
+
+    name: str
+    smem_per_block: int  # largest dynamic shared memory one program may use, bytes
+    max_acc_per_thread: int  # fp32 accumulator registers per thread before spilling
+    has_tma: bool
+
+
+ARCHS = {
+    # Hopper: 227 KiB opt-in shared memory per block, TMA and wgmma.
+    "sm90": ArchSpec("sm90", 232448, 128, True),
+    # Ampere/Ada: no TMA; 163 KiB (A100) is the common upper bound.
+    "sm80": ArchSpec("sm80", 166912, 128, False),
+}
+
+
+@dataclass(frozen=True)
+class VendorConfig:
+    """The vendor library: torch.mm (cuBLAS) or torch._scaled_mm for fp8."""
+
+    library: str = "cublas"
+    variant: ClassVar[str] = "vendor"
+
+    @property
+    def id(self) -> str:
+        return self.library
+
+
+# The variant codes of every op's configs (a feature; one table, so a code means one variant), and
+# the uniform numeric view of any config, used by features and data files.
+VARIANT_CODES = {"tiled": 0, "splitk": 1, "persistent": 2, "vendor": 3, "swapab": 4, "swapab_tma": 5, "gemv": 6}
+PARAM_NAMES = ("block_m", "block_n", "block_k", "group_m", "split_k", "num_warps", "num_stages")
+
 
 def check_dims(problem, dtypes) -> None:
     """ValueError naming the field: m, n and k ints >= 1, dtype one of ``dtypes``."""
@@ -91,3 +133,37 @@ def param_arrays(configs, config_params, names) -> dict:
 
     rows = [config_params(c) for c in configs]
     return {p: np.array([r[p] for r in rows], dtype=np.int64) for p in names}
+
+
+def vllm_device_name(gpu_name: str) -> str:
+    """vLLM's device_name of a GPU: the CUDA device name with spaces replaced by '_'."""
+    return gpu_name.replace(" ", "_")
+
+
+def feasibility(ns: dict):
+    """(problem_mask, check_feasible, feasible_configs) of an op's space module, from its globals
+    (``ARCHS``, ``PROBLEM_RULES``, ``ConfigArrays``, ``config_params``, ``static_feasible``,
+    ``generate_configs``), looked up on each call so that a module's later names are seen."""
+
+    def problem_mask(arrays, problem) -> "np.ndarray":  # noqa: F821 - numpy is the caller's
+        """Boolean array: which configs of ``arrays`` satisfy every per-problem rule. ``problem``:
+        anything with the op's problem fields (a Problem, or the runtime's checked dimensions)."""
+        return rules_mask(ns["PROBLEM_RULES"], arrays, problem)
+
+    def check_feasible(cfg, problem, arch: str = "sm90") -> tuple[bool, str]:
+        """Whether cfg can run problem correctly on arch; returns (ok, reason). The one-config
+        case of ``problem_mask`` (after the static rules)."""
+        ok, why = ns["static_feasible"](cfg, ns["ARCHS"][arch], problem.dtype)
+        if not ok:
+            return ok, why
+        why = first_violation(ns["PROBLEM_RULES"], ns["ConfigArrays"]([cfg]), problem, ns["config_params"](cfg))
+        return (not why), why
+
+    def feasible_configs(problem, arch: str = "sm90", include_vendor: bool = True) -> list:
+        """Candidates that can run ``problem`` on ``arch``."""
+        return [c for c in ns["generate_configs"](arch, problem.dtype, include_vendor)
+                if ns["check_feasible"](c, problem, arch)[0]]
+
+    for fn in (problem_mask, check_feasible, feasible_configs):
+        fn.__module__ = ns["__name__"]
+    return problem_mask, check_feasible, feasible_configs

@@ -12,7 +12,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from gemm_costmodel.benchmarks import correctness as C  # noqa: E402
-from gemm_costmodel.kernels.gemm_configs import Problem  # noqa: E402
+from gemm_costmodel.kernels.gemm.space import Problem  # noqa: E402
 
 DEVICE = "cpu"
 

@@ -5,8 +5,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gemm_costmodel.serving.candidates import CandidateTable, table
-from gemm_costmodel.kernels import gemm_configs as G
-from gemm_costmodel.kernels.gemm_configs import Problem, check_feasible, generate_configs
+from gemm_costmodel.kernels.gemm import space as G
+from gemm_costmodel.kernels.gemm.space import Problem, check_feasible, generate_configs
 
 DTYPES = ["bf16", "fp16", "fp8", "fp32"]
 # Values on the edges of the rules: 16-byte alignment (fp8 K/N % 16, fp16 K % 8),
@@ -42,7 +42,7 @@ def _expected(m, n, k, dtype):
 @example(m=7, n=4096, k=100, dtype="bf16")
 @example(m=7, n=4096, k=200, dtype="fp16")
 def test_feasible_mask_equals_check_feasible(m, n, k, dtype):
-    ct = table("sm90", dtype)
+    ct = table("sm90", dtype, op="gemm")
     mask = ct.feasible_mask(m, n, k)
     assert mask.dtype == bool and mask.shape == (len(ct),)
     expected = _expected(m, n, k, dtype)
@@ -53,7 +53,7 @@ def test_feasible_mask_equals_check_feasible(m, n, k, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_table_matches_generate_configs(dtype):
-    ct = table("sm90", dtype)
+    ct = table("sm90", dtype, op="gemm")
     cfgs = generate_configs("sm90", dtype)
     assert ct.ids == [c.id for c in cfgs]
     assert all(ct.index[cid] == i for i, cid in enumerate(ct.ids))
@@ -63,12 +63,12 @@ def test_table_matches_generate_configs(dtype):
         assert {p: int(ct.params[p][i]) for p in params} == params
         assert ct.variants[i] == c.variant
     # The cached table is the same object; a fresh one has the same content.
-    assert table("sm90", dtype) is ct
-    assert CandidateTable("sm90", dtype).ids == ct.ids
+    assert table("sm90", dtype, op="gemm") is ct
+    assert CandidateTable("sm90", dtype, op="gemm").ids == ct.ids
 
 
 def test_candidate_dicts_carry_variant_and_params():
-    ct = table("sm90", "fp16")
+    ct = table("sm90", "fp16", op="gemm")
     idx = [0, len(ct) - 1]
     dicts = ct.candidate_dicts(idx)
     for i, d in zip(idx, dicts):

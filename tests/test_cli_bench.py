@@ -1,7 +1,8 @@
 """`costmodel bench` shape selection (the measuring itself needs a GPU)."""
 from __future__ import annotations
 
-from gemm_costmodel.data import shapes as S
+from gemm_costmodel.kernels import shapes as S
+from gemm_costmodel.kernels.gemm import suites as GS
 from gemm_costmodel.cli import _shapes_from_args, build_parser, main as cli_main
 
 
@@ -10,7 +11,7 @@ def _args(argv):
 
 
 def test_only_keeps_the_listed_suite_shapes_with_their_origins(tmp_path):
-    suite = S.training_suite("bf16")
+    suite = GS.training_suite("bf16")
     a, b = suite[3], suite[-1]
     csv = tmp_path / "redo.csv"
     # One listed shape is not in the suite (K=17): it is ignored, not invented.

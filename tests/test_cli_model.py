@@ -79,7 +79,7 @@ def test_run_writes_report_and_model(run_dir):
     m = man["metrics"]["NVIDIA H200/fp8"]
     # 12: the H200 decode shapes lack swap-AB rows, so they are training shapes now.
     assert m["shapes"] == 12 and 1.0 <= m["geomean_slowdown"] < 3.0
-    assert man["feature_schema_hash"] == F.schema_hash() and man["dtypes"] == ["fp8"]
+    assert man["feature_schema_hash"] == F.schema_hash(op="gemm") and man["dtypes"] == ["fp8"]
     assert man["hyperparameters"]["n_estimators"] == 20 and man["hyperparameters"]["max_depth"] == 4
     # The printed table and the report path.
     assert "| model |" in out and f"report: {report / 'report.md'}" in out

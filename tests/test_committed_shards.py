@@ -11,8 +11,8 @@ import pytest
 
 from gemm_costmodel import registry
 from gemm_costmodel.benchmarks import harness as H
-from gemm_costmodel.kernels.gemm_configs import VARIANTS
-from gemm_costmodel.data.shapes import Shape
+from gemm_costmodel.kernels.gemm.space import VARIANTS
+from gemm_costmodel.kernels.shapes import Shape
 
 # Every test here re-reads committed shards: run after the main suite (.ci/run, issue 56).
 pytestmark = pytest.mark.data

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import math
 import re
 
@@ -59,7 +60,7 @@ def test_committed_dataset_loads_typed_and_valid():
         assert (df[col].astype(str).str.len() > 0).all(), col
     # Training shapes come only from the families each op's issue names; the MoE op's held-out
     # families appear only in evaluation shapes (every candidate measured).
-    from gemm_costmodel.data.shapes import TRAINING_FAMILIES
+    from gemm_costmodel.kernels.shapes import TRAINING_FAMILIES
     from gemm_costmodel.kernels.moe.suites import HELDOUT_FAMILIES as MOE_HELDOUT
     from gemm_costmodel.kernels.moe.suites import TRAINING_FAMILIES as MOE_TRAINING
 
@@ -251,7 +252,7 @@ def test_build_parquet_roundtrip(tmp_path):
 
 
 def _eval_rows(m, n, k, dtype="fp16", drop=0):
-    from gemm_costmodel.kernels.gemm_configs import Problem, config_params, feasible_configs
+    from gemm_costmodel.kernels.gemm.space import Problem, config_params, feasible_configs
 
     cfgs = feasible_configs(Problem(m, n, k, dtype), "sm90")
     return [good_row(m=m, n=n, k=k, dtype=dtype, candidate=c.id, variant=c.variant, eval_shape=True,
@@ -511,3 +512,22 @@ def test_harness_rows_of_other_ops_get_their_ops_own_parameters(tmp_path):
     assert df.loc["tiled_m16n32k64_g8_w4s3", "group_m"] == 8
     with pytest.raises(D.DataError, match="column 'split_k': 0 in row 0 disagrees"):
         D.read_file(write_jsonl(tmp_path / "g.jsonl.gz", [good_row(split_k=0)]))
+
+
+def test_dataset_build_reads_what_bench_writes_by_default(tmp_path, monkeypatch, capsys):
+    """`costmodel bench` writes plain .jsonl shards to datasets/raw (its default --out); `dataset
+    build` with no --raw reads them there beside the gzipped ones, a resumed shard's .jsonl
+    instead of its committed .gz twin (issue 56: no moving files by hand)."""
+    from gemm_costmodel.cli import build_parser
+
+    assert build_parser().parse_args(["bench"]).out == os.path.join("datasets", "raw")
+    raw = tmp_path / "datasets" / "raw"
+    raw.mkdir(parents=True)
+    plain = lambda p, rows: p.write_text("".join(json.dumps(r) + "\n" for r in rows))  # noqa: E731
+    plain(raw / "sweep-shard00of01.jsonl", [good_row(m=5)])
+    write_jsonl(raw / "train-bf16-shard00of02.jsonl.gz", [good_row(m=9)])
+    plain(raw / "train-bf16-shard00of02.jsonl", [good_row(m=9), good_row(m=11)])
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(["dataset", "build"]) == 0
+    df = D.load_dataset(root="datasets")
+    assert sorted(df["m"]) == [5, 9, 11]

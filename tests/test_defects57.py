@@ -13,7 +13,7 @@ import torch
 from gemm_costmodel.kernels.moe import impl as MI
 from gemm_costmodel.kernels.moe import routing as R
 from gemm_costmodel.kernels.moe import space as MS
-from gemm_costmodel.serving import hardware as H
+from gemm_costmodel.kernels import hardware as H
 from gemm_costmodel.serving import ops
 from gemm_costmodel.serving.runtime import DispatchWarning, Dispatcher, _OnnxModel
 
@@ -194,7 +194,7 @@ def test_d05_picks_fit_the_cards_shared_memory(monkeypatch):
     H.register(H.GpuSpec("small-smem", "Imaginary S1", "sm80", 108, 100, 40, 312, 0, 2039))
     d = Dispatcher(gpu_name="NVIDIA Imaginary S1")
     assert d.smem_per_block == 99 * 1024
-    ct = table("sm80", "bf16")
+    ct = table("sm80", "bf16", op="gemm")
     big = {cid for cid, b in zip(ct.ids, ct.smem) if b > 99 * 1024}
     assert big  # the sm80 space has configs that need more
     with warnings.catch_warnings():

@@ -9,7 +9,7 @@ import pytest
 
 from gemm_costmodel import registry
 from gemm_costmodel.cli import _shapes_from_args, build_parser, main as cli_main
-from gemm_costmodel.data import shapes as S
+from gemm_costmodel.kernels import shapes as S
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CAMPAIGN = "benchmarks/campaigns/moe-newmodel-shapes.csv"
@@ -43,7 +43,7 @@ def test_d06_bench_moe_shapes_csv(tmp_path, capsys):
     assert (64, 6, 1536, 2560) not in dims
     spec = registry.get("moe")
     for s in shapes:
-        cands = H.select_candidates(H.shape_problem(spec, s), "all", 0, "sm90", "moe")
+        cands = H.select_candidates(H.shape_problem(spec, s), "all", 0, "sm90", op="moe")
         assert len(cands) > 100 and cands[-1].id == "grouped_mm"
         assert H.key_of("moe", s, cands[0].id)[5:7] == (64, 6)
 
@@ -71,7 +71,7 @@ def test_d06_bench_moe_shapes_csv(tmp_path, capsys):
     # interpreter (fp16) with a fake timer; its rows carry every problem field.
     from conftest import PROVENANCE
     from gemm_costmodel.benchmarks.store import ResultStore, read_rows
-    from gemm_costmodel.benchmarks.timing import FakeTimer
+    from gemm_costmodel.kernels.timing import FakeTimer
 
     tiny = tmp_path / "tiny.csv"
     tiny.write_text("M,N,K,E,top_k,stage,routing\n5,64,48,8,2,gate_up,hot\n")

@@ -16,7 +16,7 @@ FP8 = ["datasets/gemm/fp8/eval-fp8-shard01of40.parquet", "datasets/gemm/fp8/trai
 
 @pytest.fixture(scope="module")
 def fp8():
-    return load_training_frame(FP8)
+    return load_training_frame(FP8, op="gemm")
 
 
 def row(m, n, k, cand, p50, eval_shape=True, status="ok", family="fam", origins=None, gpu="NVIDIA H200",

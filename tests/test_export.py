@@ -11,10 +11,10 @@ import pytest
 from gemm_costmodel.learning import evaluate as E
 from gemm_costmodel.learning import export as X
 from gemm_costmodel.serving import features as F
-from gemm_costmodel.serving import hardware
+from gemm_costmodel.kernels import hardware
 from gemm_costmodel.learning import pipeline
 from gemm_costmodel.serving.candidates import table as candidate_table
-from gemm_costmodel.kernels.gemm_configs import generate_configs, space_hash
+from gemm_costmodel.kernels.gemm.space import generate_configs, space_hash
 from gemm_costmodel.learning.model import FORMULATIONS, SHORTLIST_EDGES, CostModel, TrainConfig
 
 ort = pytest.importorskip("onnxruntime")
@@ -27,7 +27,7 @@ TOL = 1e-5
 
 @pytest.fixture(scope="module")
 def fp8():
-    return pipeline.load_training_frame(FP8)
+    return pipeline.load_training_frame(FP8, op="gemm")
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def onnx_out(sess, X_) -> np.ndarray:
 def random_rows(seed=0, shapes=40) -> np.ndarray:
     """Features of random fp8 shapes x their feasible candidates, as the runtime builds them."""
     rng = np.random.default_rng(seed)
-    ct = candidate_table("sm90", "fp8")
+    ct = candidate_table("sm90", "fp8", op="gemm")
     spec = hardware.spec_for("NVIDIA H200")
     out = []
     for i in range(shapes):
@@ -71,7 +71,7 @@ def random_rows(seed=0, shapes=40) -> np.ndarray:
         cols = {"m": m, "n": n, "k": k, "e": 1, "top_k": 1, "dtype_code": F.DTYPE_CODES["fp8"],
                 "variant_code": ct.variant_code[idx], **{p: ct.params[p][idx] for p in F.PARAMS},
                 **F.gpu_columns(spec, "fp8")}
-        out.append(F.compute(cols))
+        out.append(F.compute(cols, op="gemm"))
     return np.concatenate(out)
 
 
@@ -130,10 +130,10 @@ def test_manifest_fields(fp8_hash, exported, formulation):
     assert man["predicts_log2_latency_us"] is (formulation == "log_latency")
     assert man["input_name"] == X.INPUT_NAME == session(path).get_inputs()[0].name
     assert session(path).get_inputs()[0].shape[-1] == len(F.FEATURE_NAMES)
-    assert man["feature_schema_hash"] == F.schema_hash()
+    assert man["feature_schema_hash"] == F.schema_hash(op="gemm")
     assert man["feature_names"] == list(F.FEATURE_NAMES)
     assert man["config_space_hash"] == {"fp8": space_hash(generate_configs("sm90", "fp8"))}
-    assert man["config_space_hash"]["fp8"] == candidate_table("sm90", "fp8").space_hash
+    assert man["config_space_hash"]["fp8"] == candidate_table("sm90", "fp8", op="gemm").space_hash
     assert man["training_data_hash"] == fp8_hash
     assert man["training_rows"] == model.n_rows_ and man["training_shapes"] == model.n_shapes_
     assert man["training_gpus"] == ["NVIDIA H200"]

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from gemm_costmodel.serving import features as F
-from gemm_costmodel.serving import hardware
+from gemm_costmodel.kernels import hardware
 from gemm_costmodel.serving.candidates import table as candidate_table
 
 H200 = hardware.spec_for("NVIDIA H200")
@@ -70,29 +70,29 @@ def test_registering_a_duplicate_name_raises():
 
 
 def test_schema_hash_stable_and_tracks_version(monkeypatch):
-    h = F.schema_hash()
-    assert h == F.schema_hash()
+    h = F.schema_hash(op="gemm")
+    assert h == F.schema_hash(op="gemm")
     assert len(h) == 16 and all(c in "0123456789abcdef" for c in h)
     monkeypatch.setattr(F, "FEATURE_VERSION", F.FEATURE_VERSION + 1)
-    assert F.schema_hash() != h
+    assert F.schema_hash(op="gemm") != h
     monkeypatch.undo()
-    assert F.schema_hash() == h
+    assert F.schema_hash(op="gemm") == h
 
 
 def test_schema_hash_tracks_feature_names(monkeypatch):
-    h = F.schema_hash()
+    h = F.schema_hash(op="gemm")
     monkeypatch.setattr(F, "FEATURE_NAMES", F.FEATURE_NAMES[:-1])
-    assert F.schema_hash() != h
+    assert F.schema_hash(op="gemm") != h
 
 
 # -- runtime vs training path ---------------------------------------------------------
 
 @pytest.mark.parametrize("m, n, k", [(1, 4096, 4096), (7, 4097, 1000), (333, 2048, 7168), (4097, 1536, 512)])
 def test_runtime_dict_equals_from_frame(m, n, k):
-    ct = candidate_table("sm90", "fp8")
+    ct = candidate_table("sm90", "fp8", op="gemm")
     idx = np.flatnonzero(ct.feasible_mask(m, n, k))
     assert len(idx) > 10
-    runtime = F.compute(runtime_cols(ct, idx, m, n, k))
+    runtime = F.compute(runtime_cols(ct, idx, m, n, k), op="gemm")
     training = F.from_frame(frame_for(ct, idx, m, n, k), hardware.spec_for)
     assert runtime.dtype == np.float32 and runtime.shape == (len(idx), len(F.FEATURE_NAMES))
     np.testing.assert_array_equal(runtime, training)
@@ -100,7 +100,7 @@ def test_runtime_dict_equals_from_frame(m, n, k):
 
 def test_scalar_only_input_gives_one_row():
     X = F.compute(base_cols(64, 1024, 1024, "tiled", {"block_m": 64, "block_n": 64, "block_k": 64, "group_m": 8,
-                                                      "split_k": 1, "num_warps": 4, "num_stages": 3}))
+                                                      "split_k": 1, "num_warps": 4, "num_stages": 3}), op="gemm")
     assert X.shape == (1, len(F.FEATURE_NAMES))
 
 
@@ -109,7 +109,7 @@ def test_scalar_only_input_gives_one_row():
 def test_tiled_features_by_hand():
     # fp8 on H200: 132 SMs, 228 KiB smem/SM, 60 MiB L2, 1979 TFLOP/s, 4800 GB/s; 1-byte inputs.
     p = {"block_m": 16, "block_n": 64, "block_k": 128, "group_m": 8, "split_k": 1, "num_warps": 4, "num_stages": 3}
-    x = F.compute(base_cols(7, 4097, 1000, "tiled", p))[0]
+    x = F.compute(base_cols(7, 4097, 1000, "tiled", p), op="gemm")[0]
     want = {
         "log2_m": math.log2(7), "log2_n": math.log2(4097), "log2_k": math.log2(1000),
         "dtype_code": 2, "in_bytes": 1, "variant_code": 0, "is_vendor": 0,
@@ -144,7 +144,7 @@ def test_tiled_features_by_hand():
 
 def test_splitk_features_by_hand():
     p = {"block_m": 16, "block_n": 64, "block_k": 128, "group_m": 1, "split_k": 4, "num_warps": 4, "num_stages": 3}
-    x = F.compute(base_cols(7, 4097, 1000, "splitk", p))[0]
+    x = F.compute(base_cols(7, 4097, 1000, "splitk", p), op="gemm")[0]
     # 8 K tiles over 4 splits: 2 tiles (256 elements) per split; the 4 splits cover 1024 of K.
     programs = 1 * 65 * 4
     traffic = programs * (16 + 64) * 256 * 1 + 2 * 4 * 7 * 4097 * 4  # operands + fp32 partials written and read
@@ -169,7 +169,7 @@ def test_splitk_features_by_hand():
 
 
 def test_vendor_row_has_zero_tile_features():
-    x = F.compute(base_cols(7, 4097, 1000, "vendor", {}))[0]
+    x = F.compute(base_cols(7, 4097, 1000, "vendor", {}), op="gemm")[0]
     assert np.all(np.isfinite(x))
     for name in TILE_FEATURES:
         assert x[col(name)] == 0.0, name
@@ -187,8 +187,8 @@ def test_vendor_row_has_zero_tile_features():
 
 def test_dtype_changes_bytes_and_peak():
     p = {"block_m": 64, "block_n": 64, "block_k": 64, "group_m": 8, "split_k": 1, "num_warps": 4, "num_stages": 3}
-    bf = F.compute(base_cols(64, 1024, 1024, "tiled", p, dtype="bf16"))[0]
-    f8 = F.compute(base_cols(64, 1024, 1024, "tiled", p, dtype="fp8"))[0]
+    bf = F.compute(base_cols(64, 1024, 1024, "tiled", p, dtype="bf16"), op="gemm")[0]
+    f8 = F.compute(base_cols(64, 1024, 1024, "tiled", p, dtype="fp8"), op="gemm")[0]
     assert bf[col("in_bytes")] == 2 and f8[col("in_bytes")] == 1
     assert bf[col("peak_tflops")] == 989 and f8[col("peak_tflops")] == 1979
     assert bf[col("smem_kb")] == 2 * f8[col("smem_kb")]
@@ -198,17 +198,17 @@ def test_dtype_changes_bytes_and_peak():
 @pytest.mark.parametrize("m", [1, 7, 4097])
 @pytest.mark.parametrize("n, k", [(4096, 4096), (4097, 1000), (16, 16), (65536, 65536)])
 def test_weird_shapes_all_finite(m, n, k, dtype):
-    ct = candidate_table("sm90", dtype)
+    ct = candidate_table("sm90", dtype, op="gemm")
     idx = np.arange(len(ct))  # every candidate, feasible or not
-    X = F.compute(runtime_cols(ct, idx, m, n, k, dtype=dtype))
+    X = F.compute(runtime_cols(ct, idx, m, n, k, dtype=dtype), op="gemm")
     assert np.all(np.isfinite(X))
     feas = np.flatnonzero(ct.feasible_mask(m, n, k))
-    assert np.all(np.isfinite(F.compute(runtime_cols(ct, feas, m, n, k, dtype=dtype))))
+    assert np.all(np.isfinite(F.compute(runtime_cols(ct, feas, m, n, k, dtype=dtype), op="gemm")))
 
 
 def test_grouped_gemm_counts_topk_rows():
     p = {"block_m": 16, "block_n": 64, "block_k": 128, "group_m": 8, "split_k": 1, "num_warps": 4, "num_stages": 3}
-    x = F.compute(base_cols(7, 4096, 1024, "tiled", p, e=8, top_k=2))[0]
+    x = F.compute(base_cols(7, 4096, 1024, "tiled", p, e=8, top_k=2), op="gemm")[0]
     assert x[col("tiles_m")] == 1  # 14 rows
     assert x[col("log2_flops")] == pytest.approx(math.log2(2 * 14 * 4096 * 1024), rel=1e-6)
 
@@ -218,11 +218,11 @@ def test_missing_base_column_raises(missing):
     cols = base_cols(7, 4097, 1000, "vendor", {})
     del cols[missing]
     with pytest.raises(ValueError, match=f"missing base column '{missing}'"):
-        F.compute(cols)
+        F.compute(cols, op="gemm")
 
 
 def test_from_frame_unknown_gpu_raises():
-    ct = candidate_table("sm90", "fp8")
+    ct = candidate_table("sm90", "fp8", op="gemm")
     df = frame_for(ct, [0, 1], 7, 4096, 1024, gpu="Imaginary GPU X1")
     with pytest.raises(ValueError, match="Imaginary GPU X1"):
         F.from_frame(df, hardware.spec_for)
@@ -268,10 +268,10 @@ def test_candidate_features_equal_compute_moe():
 def test_feature_uses_labels_hold():
     """A "problem" feature is one value over all candidates of a problem; a "config" feature does not
     change with the problem (both checked on every candidate of the bf16 space)."""
-    ct = candidate_table("sm90", "bf16")
+    ct = candidate_table("sm90", "bf16", op="gemm")
     idx = np.arange(len(ct))
-    a = F.compute(runtime_cols(ct, idx, 33, 5120, 8192, "bf16", H100))
-    b = F.compute(runtime_cols(ct, idx, 4096, 1000, 1048, "bf16", H100))
+    a = F.compute(runtime_cols(ct, idx, 33, 5120, 8192, "bf16", H100), op="gemm")
+    b = F.compute(runtime_cols(ct, idx, 4096, 1000, 1048, "bf16", H100), op="gemm")
     for j, f in enumerate(F.REGISTRY):
         if f.uses == "problem":
             assert np.all(a[:, j] == a[0, j]), f.name
@@ -289,7 +289,7 @@ def test_feature_uses_must_be_known():
 def test_feature_fn_is_log2_and_tile_zeroing_of_its_arg():
     """fn (training) is only_tiled(_log2(arg)) as the flags say; the runtime evaluates arg and
     applies the log2s and the zeroing per block (CandidateFeatures)."""
-    ct = candidate_table("sm90", "bf16")
+    ct = candidate_table("sm90", "bf16", op="gemm")
     idx = np.arange(len(ct))
     ctx = F._Ctx(runtime_cols(ct, idx, 33, 5120, 8192, "bf16", H100))
     for f in F.REGISTRY:
@@ -311,12 +311,12 @@ def test_candidate_features_general_registry(monkeypatch):
     F.feature("test_n_per_bk", "test", lambda c: c.n / c.bk)
     F.feature("test_tiled_k", "test", lambda c: c.k + 0 * c.bm, uses="problem", tiled_only=True)
     monkeypatch.setattr(F, "FEATURE_NAMES", tuple(f.name for f in F.REGISTRY))
-    ct = candidate_table("sm90", "fp8")
-    fz = F.CandidateFeatures(ct.params, ct.variant_code, "fp8", H100)
+    ct = candidate_table("sm90", "fp8", op="gemm")
+    fz = F.CandidateFeatures(ct.params, ct.variant_code, "fp8", H100, "gemm")
     assert fz._both_tiled is not None
     for m, n, k in ((1, 4096, 4096), (4097, 333, 517)):
         idx = np.flatnonzero(ct.feasible_mask(m, n, k))
-        want = F.compute(runtime_cols(ct, idx, m, n, k, "fp8", H100))
+        want = F.compute(runtime_cols(ct, idx, m, n, k, "fp8", H100), op="gemm")
         assert want.shape[1] == len(F.REGISTRY)
         np.testing.assert_array_equal(fz.matrix(idx, m, n, k), want)
 

@@ -270,5 +270,5 @@ def test_train_suite():
     nk = {(s.n, s.k) for s in shapes}
     assert {(7168, 18432), (24576, 1536), (36864, 7168)} <= nk
     assert all(s.dtype == "fp8" for s in shapes)
-    from gemm_costmodel.data.shapes import TRAINING_FAMILIES
+    from gemm_costmodel.kernels.shapes import TRAINING_FAMILIES
     assert {s.family for s in shapes} <= set(TRAINING_FAMILIES)

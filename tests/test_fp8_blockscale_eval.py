@@ -9,7 +9,7 @@ import pytest
 from gemm_costmodel import registry
 from gemm_costmodel.benchmarks import correctness as C
 from gemm_costmodel.benchmarks import precompile
-from gemm_costmodel.data.shapes import TRAINING_FAMILIES
+from gemm_costmodel.kernels.shapes import TRAINING_FAMILIES
 from gemm_costmodel.kernels.fp8_blockscale import baselines as B
 from gemm_costmodel.kernels.fp8_blockscale import space as S
 from gemm_costmodel.kernels.fp8_blockscale import suites
@@ -116,7 +116,7 @@ def test_hand_rule_fits_one_config_per_arm_on_training_shapes():
 
 
 def test_registry_wires_the_ops_baselines_and_defaults():
-    assert registry.get("gemm").baseline_scores(None, None) == {}
+    assert registry.get("gemm").baseline_picks(None, None) == {}
     assert registry.get("gemm").report_sections(None) == []
     spec = registry.get("fp8_blockscale")
     assert spec.vendor_ids == ("cublas",)

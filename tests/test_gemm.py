@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from gemm_costmodel.benchmarks import correctness as C
-from gemm_costmodel.kernels import gemm
-from gemm_costmodel.kernels.gemm_configs import (DTYPE_BYTES, OUT_DTYPE, GemvConfig, PersistentConfig, Problem,
+from gemm_costmodel.kernels.gemm import kernel as gemm
+from gemm_costmodel.kernels.gemm.space import (DTYPE_BYTES, OUT_DTYPE, GemvConfig, PersistentConfig, Problem,
                                                  SplitKConfig, SwapABConfig, SwapABTmaConfig, TiledConfig,
                                                  VendorConfig, check_feasible, gemv_rows, swapab_tokens)
 
@@ -422,7 +422,7 @@ def test_reference_applies_fp8_scales():
 
 
 def test_gate_and_time_times_only_what_passes_the_gate():
-    from gemm_costmodel.benchmarks.timing import FakeTimer
+    from gemm_costmodel.kernels.timing import FakeTimer
 
     prob, ops, ref = operands_for(7, 40, 72, "fp32")
     cfg = TiledConfig(16, 32, 64, 8, 4, 3)
@@ -485,7 +485,7 @@ def test_precompile_probes_a_shape_specialised_config_on_its_own_weight_shape():
     once per weight shape, while an MMA config keeps one task per divisibility class; the
     tasks of one probe sit together, and chunks never split a probe's tasks."""
     from gemm_costmodel.benchmarks import precompile as P
-    from gemm_costmodel.kernels.gemm_configs import TiledConfig
+    from gemm_costmodel.kernels.gemm.space import TiledConfig
 
     gemv, tiled = GemvConfig(1, 4, 1024, 1, 4, 1), TiledConfig(64, 64, 64, 8, 4, 3)
     probs = [Problem(1, 4096, 4096, "bf16"), Problem(2, 4096, 4096, "bf16"), Problem(1, 8192, 4096, "bf16")]

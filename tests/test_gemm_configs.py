@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gemm_costmodel.kernels import gemm_configs as G
-from gemm_costmodel.kernels.gemm_configs import (ARCHS, DTYPES, PersistentConfig, Problem,
+from gemm_costmodel.kernels.gemm import space as G
+from gemm_costmodel.kernels.gemm.space import (ARCHS, DTYPES, PersistentConfig, Problem,
                                                  SplitKConfig, SwapABConfig, TiledConfig, VendorConfig,
                                                  check_feasible, config_from_id, config_params,
                                                  feasible_configs, generate_configs, smem_bytes,
@@ -275,7 +275,7 @@ def test_id_round_trip_property(variant, params):
 
 
 def test_gemm_configs_does_not_import_torch():
-    code = "import gemm_costmodel.kernels.gemm_configs, sys; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import gemm_costmodel.kernels.gemm.space, sys; assert 'torch' not in sys.modules, 'torch imported'"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
 
@@ -287,7 +287,7 @@ def test_non_canonical_id_raises(cid):
 
 
 def test_swapab_is_decode_only_with_one_token_count():
-    from gemm_costmodel.kernels.gemm_configs import SwapABTmaConfig, swapab_tokens
+    from gemm_costmodel.kernels.gemm.space import SwapABTmaConfig, swapab_tokens
 
     assert [swapab_tokens(m) for m in (1, 7, 16, 17, 32, 33, 64, 65)] == [16, 16, 16, 32, 32, 64, 64, 0]
     for m, ok_tokens in ((1, 16), (16, 16), (17, 32), (64, 64)):
@@ -311,7 +311,7 @@ def test_swapab_is_decode_only_with_one_token_count():
 
 
 def test_gemv_is_for_m_up_to_2_with_one_row_count():
-    from gemm_costmodel.kernels.gemm_configs import GemvConfig, gemv_rows
+    from gemm_costmodel.kernels.gemm.space import GemvConfig, gemv_rows
 
     assert [gemv_rows(m) for m in (1, 2, 3, 4, 64)] == [1, 2, 0, 0, 0]
     for m, rows in ((1, 1), (2, 2)):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gemm_costmodel.benchmarks import correctness as C
-from gemm_costmodel.kernels import gemm
+from gemm_costmodel.kernels.gemm import kernel as gemm
 
 import gemm_streamk as SK
 from conftest import operands_for

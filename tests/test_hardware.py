@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from gemm_costmodel.serving import hardware as H
+from gemm_costmodel.kernels import hardware as H
 
 
 @pytest.fixture(autouse=True)

@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 
 from gemm_costmodel.benchmarks import correctness as C
 from gemm_costmodel.benchmarks import harness as H
-from gemm_costmodel.benchmarks import timing
+from gemm_costmodel.kernels import timing
 from gemm_costmodel.benchmarks.store import ResultStore, read_rows, row_key
-from gemm_costmodel.benchmarks.timing import FakeTimer
-from gemm_costmodel.kernels.gemm_configs import (PersistentConfig, Problem, VendorConfig,
+from gemm_costmodel.kernels.timing import FakeTimer
+from gemm_costmodel.kernels.gemm.space import (PersistentConfig, Problem, VendorConfig,
                                                  feasible_configs)
-from gemm_costmodel.data.shapes import Shape
+from gemm_costmodel.kernels.shapes import Shape
 
 from conftest import PROVENANCE
 
@@ -38,7 +38,7 @@ def latency(key: str) -> float:
 
 
 def candidates(shape, seed=SEED, mode=MODE):
-    return H.select_candidates(Problem(shape.m, shape.n, shape.k, shape.dtype), mode, seed)
+    return H.select_candidates(Problem(shape.m, shape.n, shape.k, shape.dtype), mode, seed, op="gemm")
 
 
 def expected_keys(shapes=SHAPES, seed=SEED):
@@ -50,6 +50,7 @@ TOTAL = sum(len(candidates(s)) for s in SHAPES)
 
 def sweep(path, shapes=SHAPES, timer=None, seed=SEED, **kw):
     timer = timer if timer is not None else FakeTimer(latency)
+    kw.setdefault("op", "gemm")  # SHAPES are dense GEMMs
     with ResultStore(path) as store:
         stats = H.run_sweep(shapes, store, timer, mode=MODE, seed=seed, device="cpu",
                             provenance=dict(PROVENANCE), suite="test", progress=False, **kw)
@@ -335,8 +336,8 @@ _KILL_SCRIPT = """
 import json, os, sys, time
 from gemm_costmodel.benchmarks import harness as H
 from gemm_costmodel.benchmarks.store import ResultStore
-from gemm_costmodel.benchmarks.timing import FakeTimer
-from gemm_costmodel.data.shapes import Shape
+from gemm_costmodel.kernels.timing import FakeTimer
+from gemm_costmodel.kernels.shapes import Shape
 
 path, ready, nth, prov = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
 shapes = [Shape(*s[:4], tuple(s[4])) for s in json.loads(sys.argv[5])]
@@ -354,7 +355,7 @@ def latency(key):
 
 with ResultStore(path) as store:
     H.run_sweep(shapes, store, FakeTimer(latency), mode=%r, seed=%d, device="cpu",
-                provenance=prov, suite="test", progress=False)
+                provenance=prov, suite="test", progress=False, op="gemm")
 """ % (MODE, SEED)
 
 
@@ -517,9 +518,9 @@ PROB = Problem(64, 4096, 4096, "bf16")
 
 
 def test_select_candidates_same_seed_same_list():
-    a = H.select_candidates(PROB, "sample:5", 0)
-    assert a == H.select_candidates(PROB, "sample:5", 0)
-    assert a != H.select_candidates(PROB, "sample:5", 1)
+    a = H.select_candidates(PROB, "sample:5", 0, op="gemm")
+    assert a == H.select_candidates(PROB, "sample:5", 0, op="gemm")
+    assert a != H.select_candidates(PROB, "sample:5", 1, op="gemm")
 
 
 def test_select_candidates_sample_k():
@@ -528,7 +529,7 @@ def test_select_candidates_sample_k():
     later = [c for c in feas if c.variant in ("swapab", "swapab_tma")]
     assert len(base) == 315 and len(later) == 56  # M=64: swap-AB's 64-token configs that fit in smem
     for k, n_later in ((1, 0), (3, 0), (10, 2), (48, 8)):
-        got = H.select_candidates(PROB, f"sample:{k}", 7)
+        got = H.select_candidates(PROB, f"sample:{k}", 7, op="gemm")
         tri = [c for c in got if not isinstance(c, VendorConfig)]
         assert len(set(tri)) == len(tri) == k + n_later
         # k of the base variants (the same draw as before swap-AB existed), and each later
@@ -539,21 +540,21 @@ def test_select_candidates_sample_k():
         assert all(c in feas for c in got)
         assert tri == [c for c in feas if c in tri]  # in space order
     # Asking for more than exist gives every feasible candidate.
-    assert H.select_candidates(PROB, "sample:100000", 0) == feas
+    assert H.select_candidates(PROB, "sample:100000", 0, op="gemm") == feas
 
 
 def test_select_candidates_variant_mode():
-    got = H.select_candidates(PROB, "variant:swapab,swapab_tma", 0)
+    got = H.select_candidates(PROB, "variant:swapab,swapab_tma", 0, op="gemm")
     feas = feasible_configs(PROB)
     assert got == [c for c in feas if c.variant in ("swapab", "swapab_tma")] + [VendorConfig()]
     assert len(got) == 57
-    assert H.select_candidates(PROB, "variant:persistent", 0)[-1] == VendorConfig()
+    assert H.select_candidates(PROB, "variant:persistent", 0, op="gemm")[-1] == VendorConfig()
     # Prefill shapes have no swap-AB candidate: nothing to add (the vendor alone would only
     # repeat an earlier row), so the sweep skips them.
-    assert H.select_candidates(Problem(4096, 4096, 4096, "bf16"), "variant:swapab", 0) == []
+    assert H.select_candidates(Problem(4096, 4096, 4096, "bf16"), "variant:swapab", 0, op="gemm") == []
     for bad in ("variant:", "variant:nope", "variant:swapab,nope"):
         with pytest.raises(ValueError, match="unknown variant"):
-            H.select_candidates(PROB, bad, 0)
+            H.select_candidates(PROB, bad, 0, op="gemm")
 
 
 def test_select_candidates_pick_mode(tmp_path):
@@ -563,37 +564,37 @@ def test_select_candidates_pick_mode(tmp_path):
     # Two feasible configs of PROB, one id the space does not generate, and another problem's row.
     path.write_text(f"key,candidate\n{PROB.key},{a.id}\n{PROB.key},{b.id}\n{PROB.key},tiled_m7n7k7_g1_w1s1\n"
                     f"{Problem(8, 8, 8, 'fp16').key},{a.id}\n")
-    got = H.select_candidates(PROB, f"pick:{path}", 0)
+    got = H.select_candidates(PROB, f"pick:{path}", 0, op="gemm")
     # The listed feasible configs in space order, then the vendor as the run's anchor.
     assert got == [b, a, VendorConfig()]
     # A problem the file does not list has nothing to measure.
-    assert H.select_candidates(Problem(16, 4096, 4096, "bf16"), f"pick:{path}", 0) == []
+    assert H.select_candidates(Problem(16, 4096, 4096, "bf16"), f"pick:{path}", 0, op="gemm") == []
 
 
 def test_select_candidates_pick_mode_bad_files(tmp_path):
     with pytest.raises(ValueError, match="no such file"):
-        H.select_candidates(PROB, f"pick:{tmp_path / 'nope.csv'}", 0)
+        H.select_candidates(PROB, f"pick:{tmp_path / 'nope.csv'}", 0, op="gemm")
     bad = tmp_path / "bad.csv"
     bad.write_text("problem,candidate\nx,y\n")
     with pytest.raises(ValueError, match="no 'key' column"):
-        H.select_candidates(PROB, f"pick:{bad}", 0)
+        H.select_candidates(PROB, f"pick:{bad}", 0, op="gemm")
     empty = tmp_path / "empty.csv"
     empty.write_text(f"key,candidate\n{PROB.key},\n")
     with pytest.raises(ValueError, match="line 2: empty key or candidate"):
-        H.select_candidates(PROB, f"pick:{empty}", 0)
+        H.select_candidates(PROB, f"pick:{empty}", 0, op="gemm")
 
 
 def test_select_candidates_all_and_respects_feasibility():
-    assert H.select_candidates(PROB, "all", 0) == feasible_configs(PROB)
+    assert H.select_candidates(PROB, "all", 0, op="gemm") == feasible_configs(PROB)
     odd = Problem(7, 33, 100, "fp16")  # K * 2 B = 200: no persistent
     for seed in range(5):
-        assert not any(isinstance(c, PersistentConfig) for c in H.select_candidates(odd, "sample:20", seed))
+        assert not any(isinstance(c, PersistentConfig) for c in H.select_candidates(odd, "sample:20", seed, op="gemm"))
 
 
 @pytest.mark.parametrize("mode", ["random", "sample", "sample:x", "ALL", ""])
 def test_select_candidates_bad_mode(mode):
     with pytest.raises(ValueError):
-        H.select_candidates(PROB, mode, 0)
+        H.select_candidates(PROB, mode, 0, op="gemm")
 
 
 def test_store_non_object_json_line_is_treated_as_corrupt(tmp_path):
@@ -611,7 +612,7 @@ def test_store_non_object_json_line_is_treated_as_corrupt(tmp_path):
 # ----------------------------------------------------------------------------
 
 def test_copies_for():
-    from gemm_costmodel.benchmarks.timing import copies_for
+    from gemm_costmodel.kernels.timing import copies_for
 
     mb = 2**20
     assert copies_for(30 * mb, 50 * mb) == 4      # ceil(100 / 30)
@@ -623,7 +624,7 @@ def test_copies_for():
 
 
 def test_timing_percentiles_and_stability():
-    from gemm_costmodel.benchmarks.timing import Timing, summarize
+    from gemm_costmodel.kernels.timing import Timing, summarize
 
     assert summarize([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]) == (3.0, 6.0, 9.0)
     t = Timing(9.8, 10.0, 10.2, n_samples=15, n_inner=4)
@@ -648,7 +649,7 @@ def test_time_budget_stops_between_shapes_and_resume_completes(baseline, tmp_pat
     path = tmp_path / "run.jsonl"
     with ResultStore(path) as store:
         stats = harness.run_sweep(SHAPES, store, FakeTimer(), mode=MODE, seed=SEED, device="cpu",
-                                  provenance=PROVENANCE, progress=False, time_budget_s=0.0)
+                                  provenance=PROVENANCE, progress=False, time_budget_s=0.0, op="gemm")
     assert stats.stopped_early and stats.measured == 0 and rows_of(path) == []
     stats, timer = sweep(path)
     assert stats.measured == TOTAL and same_rows(rows_of(path), baseline[1])

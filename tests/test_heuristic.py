@@ -4,9 +4,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gemm_costmodel.serving import heuristic
+from gemm_costmodel.kernels.gemm import heuristic
 from gemm_costmodel.serving.candidates import table
-from gemm_costmodel.kernels.gemm_configs import Problem, check_feasible, config_from_id, config_params
+from gemm_costmodel.kernels.gemm.space import Problem, check_feasible, config_from_id, config_params
 
 H100_SMS = 132
 
@@ -21,7 +21,7 @@ def _as_id(want: dict) -> str:
 
 
 def _feasible(m, n, k, dtype="bf16"):
-    ct = table("sm90", dtype)
+    ct = table("sm90", dtype, op="gemm")
     idx = np.flatnonzero(ct.feasible_mask(m, n, k))
     return ct, idx, ct.candidate_dicts(idx)
 

@@ -5,7 +5,7 @@ import torch
 import triton
 
 from gemm_costmodel.benchmarks.kernel_variants import constexpr_copy
-from gemm_costmodel.kernels import gemm
+from gemm_costmodel.kernels.gemm import kernel as gemm
 
 RUNTIME = "M, N, K, stride_xm, stride_wn, stride_ym,"
 CONST = ("M, N: tl.constexpr, K: tl.constexpr, stride_xm: tl.constexpr, stride_wn: tl.constexpr, "

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from gemm_costmodel.serving import features as F
-from gemm_costmodel.serving import hardware
+from gemm_costmodel.kernels import hardware
 from gemm_costmodel.learning.model import (FORMULATIONS, SHORTLIST_EDGES, CostModel, TrainConfig, m_bucket_index,
                                            rank_grades, shape_ids, targets, training_rows)
 from gemm_costmodel.learning.pipeline import load_training_frame
@@ -20,7 +20,7 @@ SMALL = TrainConfig(formulation="log_latency", n_estimators=20, max_depth=4, n_j
 
 @pytest.fixture(scope="module")
 def fp8():
-    return load_training_frame(FP8)
+    return load_training_frame(FP8, op="gemm")
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +119,7 @@ def test_fit_returns_self_and_sets_state(fp8):
     assert model.fit(fp8) is model
     assert model.booster_.num_boosted_rounds() == 20
     assert model.feature_names_ == F.FEATURE_NAMES
-    assert model.schema_hash_ == F.schema_hash()
+    assert model.schema_hash_ == F.schema_hash(op="gemm")
     assert model.n_rows_ == int((fp8["status"] == "ok").sum() - (~fp8["stable"]).sum())
     assert model.n_shapes_ == fp8.drop_duplicates(["m", "n", "k"]).shape[0]
     assert model.params()["n_estimators"] == 20

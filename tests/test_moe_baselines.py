@@ -176,10 +176,15 @@ def _model_score(ev):
     return np.where(hit, 0.0, ev["p50_us"].to_numpy())
 
 
+def _scores(ev):
+    """The op's baselines scored as the evaluation scores them (its picks, via _pick_score)."""
+    return {m: E._pick_score(ev, w) for m, w in B.picks(ev, ev.iloc[:0]).items()}
+
+
 def test_scores_pick_vllms_configs(moe_op, vllm_dir):
     ev = E.eval_rows(_frame())
     assert ev["sid"].nunique() == 6
-    sc = B.scores(ev, ev.iloc[:0])
+    sc = _scores(ev)
     assert set(sc) == {"vllm_default", "vllm_tuned"}
     picks = {}
     for name, s in sc.items():
@@ -202,13 +207,13 @@ def test_scores_pick_vllms_configs(moe_op, vllm_dir):
 def test_scores_without_vllms_files_has_the_default_only(moe_op, tmp_path, monkeypatch):
     monkeypatch.setenv(B.ENV_VLLM_DIR, str(tmp_path / "none"))
     ev = E.eval_rows(_frame())
-    assert set(B.scores(ev, ev.iloc[:0])) == {"vllm_default"}
+    assert set(_scores(ev)) == {"vllm_default"}
     assert E.op_of(ev).name == "moe"
 
 
 def test_layer_table_and_report(moe_op, vllm_dir):
     ev = E.eval_rows(_frame())
-    scores = {"model": _model_score(ev), "oracle": ev["p50_us"].to_numpy(), **B.scores(ev, ev.iloc[:0])}
+    scores = {"model": _model_score(ev), "oracle": ev["p50_us"].to_numpy(), **_scores(ev)}
     res = _results(ev, scores)
     lay = B.layer_table(res, ev).set_index("m")
     assert len(lay) == 3
@@ -261,7 +266,7 @@ def test_report_without_shape_columns_says_so():
 def test_report_without_vllms_files(moe_op, tmp_path, monkeypatch):
     monkeypatch.setenv(B.ENV_VLLM_DIR, str(tmp_path / "none"))
     ev = E.eval_rows(_frame())
-    res = _results(ev, {"model": _model_score(ev), "oracle": ev["p50_us"].to_numpy(), **B.scores(ev, ev.iloc[:0])})
+    res = _results(ev, {"model": _model_score(ev), "oracle": ev["p50_us"].to_numpy(), **_scores(ev)})
     md = B.report_section(res)
     assert "No vLLM-tuned results" in md and "### Per layer" in md
     assert "vLLM tuned vs oracle" not in md

@@ -443,7 +443,7 @@ def test_timing_copies_span_twice_l2_of_the_experts_a_launch_reads_without_new_w
     # Experts 0-3 (balanced at M = 1): 4 x 256 x 128 x 2 B of weights + x and the output.
     per = 4 * 256 * 128 * 2 + 128 * 2 + 4 * 128 * 2
     assert I.bytes_read(first) == per
-    from gemm_costmodel.benchmarks.timing import copies_for
+    from gemm_costmodel.kernels.timing import copies_for
 
     def copies(l2_bytes):  # as the harness asks (correctness.operand_sets)
         return I.timing_copies(first, copies_for(I.bytes_read(first), l2_bytes))

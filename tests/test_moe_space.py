@@ -13,7 +13,7 @@ from gemm_costmodel.kernels.moe import routing as R
 from gemm_costmodel.kernels.moe import space as S
 from gemm_costmodel.kernels.moe import vllm_h100
 from gemm_costmodel.serving import features as F
-from gemm_costmodel.serving import hardware
+from gemm_costmodel.kernels import hardware
 from gemm_costmodel.serving.candidates import table
 
 VLLM_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "external", "vllm_fused_moe_configs")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gemm_costmodel.serving import ops
-from gemm_costmodel.kernels import gemm as K
+from gemm_costmodel.kernels.gemm import kernel as K
 from gemm_costmodel.serving.runtime import Choice, Dispatcher
 
 from test_runtime import GPU, tiny_model_dir
@@ -59,7 +59,7 @@ SHAPES = [(1, 33, 65), (7, 40, 100), (17, 64, 64), (65, 48, 32)]
 def test_gemm_matches_reference(disp, shape):
     m, n, k = shape
     x, w = _operands(m, n, k)
-    assert ops.dispatcher() is disp
+    assert ops.dispatcher(op="gemm") is disp
     cid = ops.choose(x, w)
     assert cid == disp.select(m, n, k, "fp16").candidate
     assert disp.select(m, n, k, "fp16").source == "model"
@@ -216,7 +216,7 @@ class _FakeGraphTimer:
 
 def test_unsure_mode_times_with_the_graph_timer_by_default_and_keeps_the_model_pick_without_memory(
         disp, tmp_path, launched, monkeypatch):
-    from gemm_costmodel.kernels.gemm_configs import Problem
+    from gemm_costmodel.kernels.gemm.space import Problem
 
     m, n, k = 6, 40, 72
     x, w = _operands(m, n, k, seed=3)

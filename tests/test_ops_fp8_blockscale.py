@@ -241,9 +241,9 @@ def test_one_dispatcher_per_op(disp, models_dir):
     dense = Dispatcher(gpu_name=GPU, models_dir=models_dir)
     try:
         ops.set_dispatcher(dense)  # the dense op's, inferred from dense.op
-        assert ops.dispatcher() is dense and ops.dispatcher(OP) is disp
+        assert ops.dispatcher(op="gemm") is dense and ops.dispatcher(OP) is disp
         ops.set_dispatcher(disp, op=OP)
-        assert ops.dispatcher(OP) is disp and ops.dispatcher() is dense
+        assert ops.dispatcher(OP) is disp and ops.dispatcher(op="gemm") is dense
         with pytest.raises(ValueError, match="serves op 'fp8_blockscale', not 'gemm'"):
             ops.set_dispatcher(disp, op="gemm")
         with pytest.raises(ValueError, match="unknown op 'nope'"):
@@ -251,7 +251,7 @@ def test_one_dispatcher_per_op(disp, models_dir):
         ops.set_dispatcher(None, op=OP)  # back to a default for the current GPU, of this op
         d = ops.dispatcher(OP)
         assert d is not disp and d.op == OP and ops.dispatcher(OP) is d
-        assert ops.dispatcher() is dense
+        assert ops.dispatcher(op="gemm") is dense
     finally:
         ops.set_dispatcher(None)
 

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from gemm_costmodel.benchmarks import peers as P
-from gemm_costmodel.data import shapes as S
+from gemm_costmodel.kernels import shapes as S
 
 
 def test_default_suite_covers_m_and_big_weights_from_training_families_only():
@@ -132,7 +132,7 @@ def test_rotated_orders():
 
 
 def test_time_rounds_interleaves_and_cancels_a_drift():
-    from gemm_costmodel.benchmarks.timing import FakeTimer
+    from gemm_costmodel.kernels.timing import FakeTimer
 
     # Two contenders of the same true time on a GPU that slows by 1 us per measurement (heating):
     # timed one after the other, b would read slower; rotated, both report the median round
@@ -174,7 +174,7 @@ def test_cli_rejects_zero_rounds(capsys):
 def test_time_rounds_reports_one_round_for_every_contender():
     """Both contenders' times come from one round, the median by level (the geometric mean of the
     round's times), never a pair of rounds chosen per contender."""
-    from gemm_costmodel.benchmarks.timing import Timing
+    from gemm_costmodel.kernels.timing import Timing
 
     class Scripted:
         def __init__(self, table):

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gemm_costmodel import registry
+from gemm_costmodel.serving import features as F
 from gemm_costmodel.serving.candidates import table
 
 # The Triton config-space contract: ops whose model ranks a config space ("ranker"); a classifier op
@@ -34,13 +35,6 @@ def test_config_ids_round_trip_and_are_unique(op, dtype, arch):
     ids = [c.id for c in cfgs]
     assert len(ids) == len(set(ids)) and len(ids) > 0
     assert all(spec.config_from_id(cid) == c for cid, c in zip(ids, cfgs))
-    # The vendor candidate exists where the vendor library has the op: dense GEMM for every
-    # dtype but fp32; block-scaled fp8 only on sm90 (cuBLASLt's blockwise scaling); MoE only bf16
-    # on sm90 (torch._grouped_mm).
-    vendor_expected = {"gemm": dtype != "fp32", "fp8_blockscale": arch == "sm90" and dtype == "fp8",
-                       "moe": arch == "sm90" and dtype == "bf16"}[op]
-    for vid in spec.vendor_ids:
-        assert (vid in ids) == vendor_expected
     assert spec.default_config in ids
     with pytest.raises(ValueError, match="unknown config id"):
         spec.config_from_id("no_such_config")
@@ -114,3 +108,71 @@ def test_interpreter_launch_equals_reference(op, dtype, m, n, k):
         y = ops.run(cfg)
         err = (torch.linalg.vector_norm(y.float() - ref) / torch.linalg.vector_norm(ref)).item()
         assert err <= impl.ERROR_BOUNDS[dtype], (cfg.id, err)
+
+
+# -- the contract every registered op meets, from its registry entry alone (no per-op tables) --------
+# (in the spirit of scikit-learn's check_estimator: a new op's registry line runs all of it)
+
+def _suite_problems(spec, dtype, per_suite: int = 3) -> list:
+    """A few problems of each of the op's suites (first, middle, last shape), via problem_of."""
+    out = []
+    for name in sorted(spec.suites):
+        shapes = spec.suite(name, dtype)
+        assert shapes, f"{spec.name}: suite {name} ({dtype}) is empty"
+        picks = [shapes[0], shapes[len(shapes) // 2], shapes[-1]][:per_suite]
+        out += [spec.problem_of({f: getattr(s, f) for f in spec.problem_fields}) for s in picks]
+    return out
+
+
+@pytest.mark.parametrize("op", registry.names())
+def test_contract_suites_load_and_problems_round_trip(op):
+    spec = registry.get(op)
+    assert spec.suites and spec.dtypes
+    for dtype in spec.dtypes:
+        for p in _suite_problems(spec, dtype):
+            assert p.dtype == dtype
+            fields = {f: getattr(p, f) for f in spec.problem_fields}
+            assert spec.problem_of(fields) == p
+            assert spec.problem(**fields, **spec.fixed) == p  # the pinned fields are accepted as pinned
+
+
+@pytest.mark.parametrize("op", registry.names())
+def test_contract_space_is_non_empty_and_holds_the_default_and_the_vendor(op):
+    spec = registry.get(op)
+    for dtype in spec.dtypes:
+        ids = [c.id for c in spec.configs("sm90", dtype)]
+        assert ids and spec.default_config in ids, (op, dtype)
+    # Every vendor id is a candidate somewhere (else it is dead), and there a vendor config.
+    for vid in spec.vendor_ids:
+        assert any(vid in {c.id for c in spec.configs(a, d)} for a in ARCHS for d in spec.dtypes), vid
+        assert spec.config_from_id(vid).variant == "vendor"
+
+
+@pytest.mark.parametrize("op", registry.names())
+def test_contract_features_have_the_declared_names(op):
+    spec = registry.get(op)
+    names = F.feature_names(op)
+    assert len(set(names)) == len(names)
+    mod = spec.features_module()
+    assert tuple(mod.NAMES if mod is not None else ()) == spec.extra_features
+    assert names[len(names) - len(spec.extra_features):] == spec.extra_features
+    assert F.schema_hash(op) == F.schema_hash(op)
+
+
+@pytest.mark.parametrize("op", registry.names())
+def test_contract_the_fallback_picks_a_feasible_candidate_and_the_vendor_obeys_check_feasible(op):
+    spec = registry.get(op)
+    space = spec.space_module()
+    rule = spec.fallback_rule()
+    for dtype in spec.dtypes:
+        for p in _suite_problems(spec, dtype):
+            feas = spec.feasible_configs(p, "sm90")
+            assert feas, (op, p)
+            cands = [{"variant": c.variant, **space.config_params(c)} for c in feas]
+            # As the runtime calls it: an op without pinned E and top_k gets them.
+            kw = {} if spec.fixed else {"e": p.e, "top_k": p.top_k}
+            i = rule(p.m, p.n, p.k, 132, cands, **kw)
+            assert 0 <= i < len(feas) and spec.check_feasible(feas[i], p, "sm90")[0]
+            for vid in spec.vendor_ids:
+                ok, why = spec.check_feasible(spec.config_from_id(vid), p, "sm90")
+                assert ok == (vid in {c.id for c in feas}) and (ok or why), (vid, p)

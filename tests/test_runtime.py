@@ -21,9 +21,10 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gemm_costmodel.serving import features as F
-from gemm_costmodel.serving import heuristic, runtime
+from gemm_costmodel.kernels.gemm import heuristic
+from gemm_costmodel.serving import runtime
 from gemm_costmodel.serving.candidates import table
-from gemm_costmodel.kernels.gemm_configs import Problem, check_feasible, config_from_id
+from gemm_costmodel.kernels.gemm.space import Problem, check_feasible, config_from_id
 from gemm_costmodel.serving.runtime import Choice, DispatchWarning, Dispatcher, check_problem, find_model, find_models, seal_manifest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,7 +45,7 @@ def tiny_model_dir(tmp_path_factory) -> str:
         from gemm_costmodel.learning.model import CostModel, TrainConfig
         from gemm_costmodel.learning.pipeline import export_model, load_training_frame
 
-        df = load_training_frame(SHARDS)
+        df = load_training_frame(SHARDS, op="gemm")
         m = CostModel(TrainConfig(formulation="log_latency", n_estimators=20, max_depth=4)).fit(df)
         out = str(tmp_path_factory.mktemp("tiny-model"))
         export_model(m, df, out)
@@ -132,7 +133,7 @@ def test_heuristic_choice_is_the_heuristics(disp):
     c = disp.select(m, n, k, "bf16")
     assert c == Choice("splitk_m16n64k128_s2_w4s4", "heuristic")
     assert disp.rank(m, n, k, "bf16", count=8) == [c]
-    ct = table("sm90", "bf16")
+    ct = table("sm90", "bf16", op="gemm")
     idx = np.flatnonzero(ct.feasible_mask(m, n, k))
     assert ct.ids[idx[heuristic.choose(m, n, k, 132, ct.candidate_dicts(idx))]] == c.candidate
 
@@ -686,7 +687,7 @@ def test_cascade_keeps_every_row_tied_at_the_cut(model_dir):
     prefix = _ScoresById(sign * np.array([0, 1, 2, 2, 2, 2, 3, 4, 5, 6]))
     suffix = _ScoresById(sign * np.array([5, 5, 5, 5, 5, -10, 0, 0, 0, 0]))
     model.cascade = (prefix, suffix, 3)
-    rows = np.zeros((10, len(F.feature_names())), dtype=np.float32)
+    rows = np.zeros((10, len(F.feature_names(op="gemm"))), dtype=np.float32)
     rows[:, 0] = np.arange(10)
     for perm in (np.arange(10), np.arange(10)[::-1], np.random.default_rng(1).permutation(10)):
         order, s = model.best(rows[perm], perm, 1)
@@ -700,7 +701,7 @@ def test_best_through_the_cascade_by_hand(model_dir):
     model = d.model_for("fp16")
     assert model.cascade is not None
     prefix, suffix, _ = model.cascade
-    rows = np.random.default_rng(0).random((40, len(F.feature_names()))).astype(np.float32) * 10
+    rows = np.random.default_rng(0).random((40, len(F.feature_names(op="gemm")))).astype(np.float32) * 10
     tie = np.arange(40)
     whole = model.score(rows)
     model.cascade = (prefix, suffix, 40)
@@ -729,6 +730,6 @@ def test_shortlist_bucket_at_runtime_is_trainings(m):
     model = d.model_for("bf16")
     edges = tuple(model.manifest["shortlist"]["m_edges"])
     assert edges == (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)  # the registry's dense edges
-    ct = table("sm90", "bf16")
+    ct = table("sm90", "bf16", op="gemm")
     ids = set(model.manifest["shortlist"]["buckets"][str(int(m_bucket_index(m, edges)))])
     np.testing.assert_array_equal(model.shortlist_mask(ct, m), [c in ids for c in ct.ids])

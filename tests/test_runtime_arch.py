@@ -12,10 +12,10 @@ import warnings
 
 import pytest
 
-from gemm_costmodel.serving import hardware as H
+from gemm_costmodel.kernels import hardware as H
 from gemm_costmodel.serving import runtime
 from gemm_costmodel.serving.candidates import table
-from gemm_costmodel.kernels.gemm_configs import Problem, check_feasible, config_from_id, generate_configs
+from gemm_costmodel.kernels.gemm.space import Problem, check_feasible, config_from_id, generate_configs
 from gemm_costmodel.serving.runtime import Choice, DispatchWarning, Dispatcher, seal_manifest
 
 from test_runtime import tiny_model_dir
@@ -128,7 +128,7 @@ def test_a100_fp8_is_a_value_error(shape):
         with pytest.raises(ValueError, match=msg):
             d.rank(*shape, "fp8", count=4)
     with pytest.raises(ValueError, match="dtype fp8 has no candidates on sm80"):
-        table("sm80", "fp8")
+        table("sm80", "fp8", op="gemm")
 
 
 def test_a100_ignores_tuned_entries_it_cannot_run():
@@ -151,7 +151,7 @@ def test_a_model_for_sm80_scores_only_sm80_candidates(tmp_path_factory, tmp_path
     man = json.loads((tmp_path / "gemm-sm80.json").read_text())
     man["arch"] = "sm80"
     # ... and its space that of sm80 (a manifest names the space it was trained on).
-    man["config_space_hash"] = {d: table("sm80", d).space_hash for d in man["config_space_hash"] if d != "fp8"}
+    man["config_space_hash"] = {d: table("sm80", d, op="gemm").space_hash for d in man["config_space_hash"] if d != "fp8"}
     (tmp_path / "gemm-sm80.json").write_text(json.dumps(seal_manifest(man)))
     with warnings.catch_warnings():
         warnings.simplefilter("error", DispatchWarning)
@@ -162,7 +162,7 @@ def test_a_model_for_sm80_scores_only_sm80_candidates(tmp_path_factory, tmp_path
             for c in ranked:
                 _assert_runs_on_sm80(c.candidate, m, n, k, "fp16")
             # Every sm80-feasible candidate on the model's shortlist was scored (none lost, none added).
-            assert len(ranked) <= int(table("sm80", "fp16").feasible_mask(m, n, k).sum())
+            assert len(ranked) <= int(table("sm80", "fp16", op="gemm").feasible_mask(m, n, k).sum())
 
 
 # -- a GPU missing from the table, but present: its arch from torch -----------------------------------
@@ -279,7 +279,7 @@ def test_a_model_of_another_config_space_is_skipped_with_the_reason(tmp_path_fac
     for ext in (".json", ".onnx"):
         (tmp_path / f"gemm-sm90{ext}").write_bytes(open(os.path.join(src, "gemm-sm90" + ext), "rb").read())
     man = json.loads((tmp_path / "gemm-sm90.json").read_text())
-    current = table("sm90", "fp16").space_hash
+    current = table("sm90", "fp16", op="gemm").space_hash
     assert man["config_space_hash"]["fp16"] == current
     man["config_space_hash"]["fp16"] = "0123456789abcdef"
     (tmp_path / "gemm-sm90.json").write_text(json.dumps(seal_manifest(man)))

@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from gemm_costmodel.kernels.gemm_configs import Problem, check_feasible, config_from_id
+from gemm_costmodel.kernels.gemm.space import Problem, check_feasible, config_from_id
 from gemm_costmodel.learning.model import CostModel, TrainConfig
 from gemm_costmodel.learning.pipeline import LATENCY_COMPANION, export_model, load_training_frame
 from gemm_costmodel.serving.runtime import Dispatcher
@@ -16,7 +16,7 @@ DATA = ["datasets/gemm/fp8/eval-fp8-shard01of40.parquet"]
 @pytest.fixture(scope="module")
 def rank_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("rank_models")
-    df = load_training_frame(DATA)
+    df = load_training_frame(DATA, op="gemm")
     export_model(CostModel(TrainConfig(formulation="rank", n_estimators=10, max_depth=4, n_jobs=1)).fit(df), df,
                  str(out), log=lambda m: None)
     export_model(CostModel(LATENCY_COMPANION.with_(n_estimators=10, max_depth=4, n_jobs=1)).fit(df), df,
@@ -90,7 +90,7 @@ def test_companion_latency_is_computed_on_first_read(rank_dir):
     assert c._estimate is not None and d._latency_models.get("fp8") is None
     # Read: the companion's estimate for the pick's own feature row, in microseconds.
     cols = F.problem_columns(64, 4096, 4096, "fp8", d.spec, *_pick_columns(c.candidate))
-    want = float(np.exp2(d.latency_model_for("fp8").score(F.compute(cols)))[0])
+    want = float(np.exp2(d.latency_model_for("fp8").score(F.compute(cols, op="gemm")))[0])
     assert c.predicted_us == pytest.approx(want, rel=1e-6) and c._estimate is None
     # A value like a frozen dataclass: equal to its eager twin, hashable, immutable, picklable.
     twin = Choice(c.candidate, "model", c.predicted_us, c.score)
@@ -105,6 +105,6 @@ def _pick_columns(cid):
 
     from gemm_costmodel.serving.candidates import table
 
-    ct = table("sm90", "fp8")
+    ct = table("sm90", "fp8", op="gemm")
     i = ct.index[cid]
     return np.asarray([ct.variant_code[i]]), {p: np.asarray([ct.params[p][i]]) for p in ct.params}

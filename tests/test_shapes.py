@@ -1,7 +1,8 @@
 """Shape suites: layer dims hand-checked against the models' config.json, M grid, CSV reader."""
 import pytest
 
-from gemm_costmodel.data import shapes as S
+from gemm_costmodel.kernels import shapes as S
+from gemm_costmodel.kernels.gemm import suites as GS
 
 MODELS = {m.name: m for m in S.TRAINING_MODELS}
 
@@ -104,7 +105,7 @@ def test_m_grid():
 
 
 def test_training_suite_only_training_families():
-    suite = S.training_suite("bf16")
+    suite = GS.training_suite("bf16")
     assert suite
     assert len(suite) == len(S.nk_pairs()) * len(S.M_GRID)
     assert len(set(suite)) == len(suite)
@@ -117,15 +118,15 @@ def test_training_suite_only_training_families():
 
 
 def test_foundation_suite():
-    fs = S.foundation_suite("bf16")
+    fs = GS.foundation_suite("bf16")
     assert len(fs) >= 40
     assert len(set(fs)) == len(fs)
     assert any(s.m <= 64 for s in fs) and any(s.m >= 1024 for s in fs)
     big_decode = [s for s in fs if s.m <= 64 and s.n * s.k * 2 >= 256 * 2**20]
     assert len(big_decode) >= 4
     assert len({(s.n, s.k) for s in big_decode}) >= 4
-    assert S.foundation_suite("bf16") == fs                 # deterministic
-    assert {s.dtype for s in S.foundation_suite("fp8")} == {"fp8"}
+    assert GS.foundation_suite("bf16") == fs                 # deterministic
+    assert {s.dtype for s in GS.foundation_suite("fp8")} == {"fp8"}
     nk = S.nk_pairs()
     assert all((s.n, s.k) in nk for s in fs)
 

@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 from gemm_costmodel.serving import triton_adapter as TA
-from gemm_costmodel.kernels.gemm_configs import generate_configs
+from gemm_costmodel.kernels.gemm.space import generate_configs
 from gemm_costmodel.serving.runtime import DispatchWarning, Dispatcher
 
 from test_runtime import GPU, tiny_model_dir

@@ -7,7 +7,7 @@ import pytest
 from gemm_costmodel.learning.model import CostModel, TrainConfig
 from gemm_costmodel.learning.pipeline import export_model, load_training_frame
 from gemm_costmodel.serving import features as F
-from gemm_costmodel.serving import hardware
+from gemm_costmodel.kernels import hardware
 from gemm_costmodel.serving.runtime import Dispatcher
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -17,7 +17,7 @@ SMALL = dict(formulation="rank", n_estimators=10, max_depth=4, n_jobs=1)
 
 @pytest.fixture(scope="module")
 def frame():
-    return load_training_frame(DATA)
+    return load_training_frame(DATA, op="gemm")
 
 
 @pytest.fixture(scope="module")

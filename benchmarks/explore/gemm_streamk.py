@@ -25,7 +25,7 @@ persistent kernel's; so do both K loops below.) This version:
   tiles when T >= 2P (the Stream-K paper's "two-tile SK + DP"), form the
   stream-K region, whose (tile, k-iteration) space is split evenly among the
   programs; the tiles before it are data-parallel: program p computes tiles
-  p, p + P, ... whole, exactly like the persistent kernel of kernels/gemm.py
+  p, p + P, ... whole, exactly like the persistent kernel of kernels/gemm/kernel.py
   (same ``tl.range`` tile loop, plain ``for`` K loop, so both pipeline alike).
   Data-parallel tiles come first, then the stream-K region.
 - The stream-K part is also a ``for`` loop over the (at most a few) tiles that
@@ -48,7 +48,7 @@ persistent kernel's; so do both K loops below.) This version:
 - Nothing ever waits on another program, so any grid size is safe (no
   co-residency assumption), though load balance assumes one wave.
 
-Same layout and contract as kernels/gemm.py: y = x @ w.T, x (M, K), w (N, K),
+Same layout and contract as kernels/gemm/kernel.py: y = x @ w.T, x (M, K), w (N, K),
 row-major, 16-byte aligned rows (TMA). y is stored through a TMA descriptor
 when its rows are 16-byte aligned, else through masked pointers. The arrival
 counters are left zeroed by every launch (CUDA-graph safe while one stream
@@ -64,7 +64,7 @@ import triton.language as tl
 
 from gemm_costmodel.kernels.common import (_arrival_counters, _device_index, _grouped_tile, launch_args, num_sms,
                                            zeroed_buffer)
-from gemm_costmodel.kernels.gemm import PERSISTENT_FLATTEN
+from gemm_costmodel.kernels.gemm.kernel import PERSISTENT_FLATTEN
 
 
 @dataclass(frozen=True)

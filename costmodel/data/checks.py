@@ -149,7 +149,7 @@ def problem_counts(df: pd.DataFrame) -> dict[str, int]:
 
     out = {}
     for name, d in df.groupby(df["op"].astype(str), sort=True):
-        fields = list(registry.get(name).problem_fields) if name in registry.names() else [
-            "dtype", "m", "n", "k", "e", "top_k", "stage", "routing"]
+        fields = list(registry.get(name).problem_fields) if name in registry.names() else \
+            registry.shape_columns()
         out[name] = int(d[fields].astype(str).drop_duplicates().shape[0])
     return out

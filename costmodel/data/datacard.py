@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from gemm_costmodel.kernels.gemm_configs import generate_configs
+from gemm_costmodel.kernels.gemm.space import generate_configs
 from gemm_costmodel.util import geomean
 from gemm_costmodel.util import markdown_table as _table
 

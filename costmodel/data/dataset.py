@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from gemm_costmodel import registry
+
 from .health import STATUS_ORDER, health
 
 # out_of_memory: the device had no memory for the shape's operands or workspace (another
@@ -38,7 +40,7 @@ SCHEMA: dict[str, tuple[str, str]] = {
     "tpe_max": ("int", "tokens of the busiest expert (MoE; 0 = n/a)"),
     "active_experts": ("int", "experts with at least one token (MoE; 0 = n/a)"),
     "dtype": ("str", "input dtype: bf16, fp16, fp8 (e4m3, bf16 out), fp32"),
-    "candidate": ("str", "config id (kernels/gemm_configs.py) or 'cublas'"),
+    "candidate": ("str", "config id (kernels/gemm/space.py) or 'cublas'"),
     "variant": ("str", "tiled, splitk, persistent, vendor (or the foreign kernel family)"),
     "block_m": ("int", "tile rows (0 = n/a)"),
     "block_n": ("int", "tile cols (0 = n/a)"),
@@ -81,11 +83,11 @@ OPTIONAL_DEFAULTS = {"op": "gemm", "e": 1, "top_k": 1, "stage": "", "routing": "
                      "l2_policy": "", "seed": 0, "suite": ""}
 # Two GPUs of one arch (H100, H200: both sm90) are different machines to the cost
 # model, so their measurements are never merged.
-SHAPE_KEY = ["arch", "gpu_name", "op", "dtype", "m", "n", "k", "e", "top_k", "stage", "routing"]
+SHAPE_KEY = ["arch", "gpu_name", "op"] + registry.shape_columns()
 KEY = SHAPE_KEY + ["candidate"]
 MAX_FILE_BYTES = 50 * 2**20
 # Config parameters (0 = n/a). A Triton candidate always has a tile, warps and stages;
-# group_m and split_k are per variant (see kernels/gemm_configs.config_params).
+# group_m and split_k are per variant (see kernels/gemm/space.config_params).
 PARAM_COLS = ("block_m", "block_n", "block_k", "group_m", "split_k", "num_warps", "num_stages")
 TRITON_REQUIRED = ("block_m", "block_n", "block_k", "num_warps", "num_stages")
 # Counts where 0 means unknown or n/a and a negative value means a broken writer.
@@ -104,7 +106,7 @@ class DataError(ValueError):
 
 
 def _read_jsonl(path: str) -> pd.DataFrame:
-    from gemm_costmodel.benchmarks.store import RowsError, read_rows
+    from gemm_costmodel.rows import RowsError, read_rows
 
     try:
         # Strict: a shard going into the dataset must be whole; even a torn last line
@@ -207,7 +209,7 @@ def _check_times(out: pd.DataFrame, name: str) -> None:
 @functools.lru_cache(maxsize=4096)
 def _id_params(cid: str) -> dict | None:
     """{variant, *PARAM_COLS} of a config id of this project, None for any other id."""
-    from gemm_costmodel.kernels.gemm_configs import config_from_id, config_params
+    from gemm_costmodel.kernels.gemm.space import config_from_id, config_params
 
     try:
         cfg = config_from_id(cid)
@@ -286,7 +288,7 @@ def _check_params(out: pd.DataFrame, name: str) -> None:
         if want is None:
             if r.need_id:
                 raise DataError(f"{name}: column 'candidate': unknown config id {r.candidate!r} in row {i} "
-                                "(a harness row of op gemm needs an id of kernels/gemm_configs.py)")
+                                "(a harness row of op gemm needs an id of kernels/gemm/space.py)")
             continue
         for col in ("variant", *PARAM_COLS):
             if getattr(r, col) != want[col]:
@@ -457,7 +459,7 @@ def demote_incomplete_eval_shapes(df: pd.DataFrame) -> tuple[pd.DataFrame, list[
            & (df["source"] == "harness"))
     if not sel.any():
         return df, []
-    keys = ["op", "arch", "gpu_name", "dtype", "m", "n", "k", "e", "top_k", "stage", "routing"]
+    keys = ["op", "arch", "gpu_name"] + registry.shape_columns()
     demoted, demoted_keys = [], []
     for key, present in df[sel].groupby(keys, observed=True)["candidate"]:
         row = dict(zip(keys, key))

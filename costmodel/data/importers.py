@@ -24,7 +24,7 @@ import re
 
 import pandas as pd
 
-from gemm_costmodel.kernels.gemm_configs import config_from_id, config_params
+from gemm_costmodel.kernels.gemm.space import config_from_id, config_params
 
 from .dataset import DataError, normalize, validate
 

@@ -19,8 +19,10 @@ import pandas as pd
 from tqdm import tqdm
 
 from gemm_costmodel.serving import features as F
-from gemm_costmodel.serving import hardware
+from gemm_costmodel.kernels import hardware
 from gemm_costmodel import registry
+# The report's M buckets sit below learning: the ops' own report sections group by them too.
+from gemm_costmodel.util import m_bucket  # noqa: F401
 from gemm_costmodel.learning.model import SHAPE_COLS, CostModel, TrainConfig, shape_cols, training_rows  # noqa: F401
 from gemm_costmodel.util import geomean  # noqa: F401 - geomean is part of this API
 
@@ -46,7 +48,7 @@ def families_of(origins: str) -> set[str]:
 
 def op_of(df: pd.DataFrame) -> registry.OpSpec:
     """The registered op of a frame's rows (one op per evaluation; dense GEMM if no op column)."""
-    ops = sorted(df["op"].astype(str).unique()) if "op" in df.columns and len(df) else [registry.DEFAULT_OP]
+    ops = sorted(df["op"].astype(str).unique()) if "op" in df.columns and len(df) else [registry.LEGACY_OP]
     if len(ops) != 1:
         raise ValueError(f"one op per evaluation, got rows of {', '.join(ops)}")
     return registry.get(ops[0])
@@ -217,8 +219,9 @@ def baseline_scores(ev: pd.DataFrame, train: pd.DataFrame) -> dict[str, np.ndarr
     wanted = pd.Series({sid: nn_pick(table, str(r["gpu_name"]), str(r["dtype"]), int(r["m"]), int(r["n"]),
                                      int(r["k"])) for sid, r in first.iterrows()})
     out["nearest_neighbor"] = _pick_score(ev, wanted)
-    # The op's own baselines (registry ``baselines``), fitted on the same training rows.
-    out.update(spec.baseline_scores(ev, train))
+    # The op's own baselines (registry ``baselines``): their picks, fitted on the same training rows.
+    for method, wanted in spec.baseline_picks(ev, train_ev).items():
+        out[method] = _pick_score(ev, wanted)
     return out
 
 
@@ -345,8 +348,3 @@ def metrics_table(results: pd.DataFrame, by: list[str] | None = None) -> pd.Data
     return out.sort_values(keys, key=lambda s: s.map(order) if s.name == "method" else s).reset_index(drop=True)
 
 
-def m_bucket(m: pd.Series) -> pd.Series:
-    """Decode / small / mid / prefill buckets of M, for the report."""
-    edges = [0, 16, 64, 256, 1024, math.inf]
-    labels = ["1-16", "17-64", "65-256", "257-1024", ">1024"]
-    return pd.cut(m, edges, labels=labels)

@@ -16,13 +16,15 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
+from gemm_costmodel import registry
 from gemm_costmodel.serving import features as F
-from gemm_costmodel.serving import hardware
+from gemm_costmodel.kernels import hardware
 
 FORMULATIONS = ("log_latency", "normalized", "rank")
 SPLIT_HIGH_ROWS = ("high", "all")
 SPLIT_LOW_ROWS = ("low", "all")
-SHAPE_COLS = ["gpu_name", "op", "dtype", "m", "n", "k", "e", "top_k", "stage", "routing"]
+# The shape identity: every op's problem fields, from the registry (frames of an op may lack some).
+SHAPE_COLS = ["gpu_name", "op"] + registry.shape_columns()
 # Grade step of the ranking labels (TrainConfig.rank_step's default): candidates within 3% of
 # each other share a grade. RANK_GRADES steps of 3% span slowdowns up to 1.03 ** 30 = 2.43x;
 # slower candidates share grade 0. A finer step gets more grades, over the same span.

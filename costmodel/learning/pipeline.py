@@ -19,7 +19,7 @@ import pandas as pd
 from gemm_costmodel.data import dataset as D
 from gemm_costmodel import registry
 from gemm_costmodel.learning import evaluate as E
-from gemm_costmodel.serving import hardware
+from gemm_costmodel.kernels import hardware
 from gemm_costmodel.learning.model import CostModel, TrainConfig, training_rows
 
 Log = Callable[[str], None]
@@ -34,7 +34,7 @@ def _print(msg: str) -> None:
 
 
 def load_training_frame(paths=None, root: str = "datasets", dtypes=None, arch: str = "sm90",
-                        gpus=None, op: str = "gemm", log: Log | None = None) -> pd.DataFrame:
+                        gpus=None, *, op: str, log: Log | None = None) -> pd.DataFrame:
     """Harness rows of one op and arch (optionally some dtypes / GPUs), validated, without the rows
     of candidates the current space rules out (``dataset.out_of_space``; ``log`` hears how many).
     Raises DataError."""
@@ -64,7 +64,7 @@ def load_training_frame(paths=None, root: str = "datasets", dtypes=None, arch: s
     if unknown:
         # The features need the GPU's numbers: fail here, with the name, rather than mid-training.
         raise D.DataError(f"unknown GPU {unknown[0]!r} in the data: describe it with "
-                          "gemm_costmodel.serving.hardware.register() or COSTMODEL_GPU_SPECS")
+                          "gemm_costmodel.kernels.hardware.register() or COSTMODEL_GPU_SPECS")
     # Categories of filtered-out values would linger in groupbys and tables.
     return out.assign(**{c: out[c].astype(str) for c in ("dtype", "gpu_name", "variant", "family", "stage", "routing")}
                       ).reset_index(drop=True)
@@ -201,7 +201,7 @@ def export_model(model: CostModel, df: pd.DataFrame, out_dir: str, arch: str = "
     """ONNX + manifest for the model, serving every dtype it was trained on."""
     from gemm_costmodel.learning import export as X
 
-    op = getattr(model, "op_", registry.DEFAULT_OP)
+    op = getattr(model, "op_", registry.LEGACY_OP)
     dtypes = sorted(df["dtype"].unique())
     spaces = X.space_hashes(op, arch, dtypes)
     onnx_path, man_path = X.export(model, out_dir, op=op, dtypes=dtypes, arch=arch, space_hashes=spaces,

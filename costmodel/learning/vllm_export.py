@@ -27,7 +27,10 @@ import re
 from dataclasses import dataclass, field
 
 from gemm_costmodel import registry
+from gemm_costmodel.kernels.fp8_blockscale.space import VLLM_FILE_NAME_RE as VLLM_BS_FILE_NAME
 from gemm_costmodel.kernels.moe.space import VLLM_FILE_NAME_RE as VLLM_MOE_FILE_NAME
+# vLLM's device name lives below the exporter: the ops' baselines read vLLM's files by it too.
+from gemm_costmodel.kernels.space_common import vllm_device_name as device_name
 
 # The ops whose kernel vLLM runs from such files.
 SUPPORTED_OPS = ("fp8_blockscale", "moe")
@@ -63,19 +66,15 @@ def block_shape() -> tuple[int, int]:
     return s.GROUP_N, s.GROUP_K
 
 
-def device_name(gpu_name: str) -> str:
-    """vLLM's device_name of a GPU: the CUDA device name with spaces replaced by '_'."""
-    return gpu_name.replace(" ", "_")
-
-
 def file_name(n: int, k: int, gpu_name: str) -> str:
     """vLLM's file name of the (N, K) table for this GPU."""
     bn, bk = block_shape()
     return f"N={n},K={k},device_name={device_name(gpu_name)},dtype={DTYPE_TAG},block_shape=[{bn},{bk}].json"
 
 
-# A file name as file_name writes it (and vLLM reads it): N, K, device name.
-FILE_NAME_RE = re.compile(r"^N=(\d+),K=(\d+),device_name=([^,/\\ ]+),dtype=fp8_w8a8,block_shape=\[128,128\]\.json$")
+# A file name as file_name writes it (and vLLM reads it): N, K, device name. One definition of
+# it, in the op's torch-free space (the op's baselines read the same files).
+FILE_NAME_RE = re.compile(VLLM_BS_FILE_NAME)
 
 _NK_RE = re.compile(r"^\s*(\d+)\s*,\s*(\d+)\s*$")
 

@@ -1,7 +1,7 @@
 """The candidate space of one (arch, dtype) as numpy arrays, with the vectorised
 per-problem feasibility mask. The runtime featurises all feasible candidates of a
 problem at once from this table. The mask is the op's own rule list applied to the
-whole space (``gemm_configs.problem_mask``); ``check_feasible`` is its one-config case.
+whole space (``gemm.space.problem_mask``); ``check_feasible`` is its one-config case.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class _Dims(NamedTuple):
 class CandidateTable:
     """Configs of generate_configs(arch, dtype) in a stable order, plus their parameters as arrays."""
 
-    def __init__(self, arch: str, dtype: str, op: str = "gemm"):
+    def __init__(self, arch: str, dtype: str, op: str):
         if dtype == "fp8" and arch_has_fp8(arch) is False:
             # generate_configs lists the fp8 configs by shared memory alone; none of them runs here.
             raise ValueError(f"dtype fp8 has no candidates on {arch}: no fp8 tensor cores")
@@ -66,6 +66,6 @@ class CandidateTable:
 
 
 @lru_cache(maxsize=None)
-def table(arch: str, dtype: str, op: str = "gemm") -> CandidateTable:
+def table(arch: str, dtype: str, op: str) -> CandidateTable:
     """The (cached) table of an op's (arch, dtype)."""
     return CandidateTable(arch, dtype, op)

@@ -17,10 +17,10 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from gemm_costmodel.serving.hardware import GpuSpec
-from gemm_costmodel.kernels.gemm_configs import DTYPE_BYTES as IN_BYTES
-from gemm_costmodel.kernels.gemm_configs import OUT_DTYPE, VARIANT_CODES
-from gemm_costmodel.kernels.gemm_configs import PARAM_NAMES as PARAMS
+from gemm_costmodel.kernels.hardware import GpuSpec
+from gemm_costmodel.kernels.gemm.space import DTYPE_BYTES as IN_BYTES
+from gemm_costmodel.kernels.gemm.space import OUT_DTYPE, VARIANT_CODES
+from gemm_costmodel.kernels.gemm.space import PARAM_NAMES as PARAMS
 
 FEATURE_VERSION = 2  # 2: variant codes 4-5 (swap-AB)
 
@@ -347,7 +347,7 @@ FEATURE_NAMES = tuple(f.name for f in REGISTRY)
 _SHARED_HASH_OPS = ("gemm",)
 
 
-def schema_hash(op: str = "gemm") -> str:
+def schema_hash(op: str) -> str:
     """Hash of the version, the base columns and the feature names, for model manifests;
     per op: any other op's hash also covers its name and its extra features, so adding
     an op (or changing its features) never invalidates another op's model."""
@@ -362,7 +362,7 @@ def schema_hash(op: str = "gemm") -> str:
     return hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:16]
 
 
-def op_features(op: str = "gemm"):
+def op_features(op: str):
     """The op's own feature module (registry field ``features``: ``INPUTS``, ``NAMES``,
     ``compute(ctx, inputs)``, ``frame_inputs(df)``, ``problem_inputs(...)``), or None."""
     if op in _SHARED_HASH_OPS:
@@ -372,13 +372,13 @@ def op_features(op: str = "gemm"):
     return registry.get(op).features_module()
 
 
-def feature_names(op: str = "gemm") -> tuple[str, ...]:
+def feature_names(op: str) -> tuple[str, ...]:
     """The model's input columns for an op: the shared features, then the op's own."""
     mod = op_features(op)
     return FEATURE_NAMES + (tuple(mod.NAMES) if mod is not None else ())
 
 
-def compute(cols: Mapping[str, np.ndarray], op: str = "gemm") -> np.ndarray:
+def compute(cols: Mapping[str, np.ndarray], op: str) -> np.ndarray:
     """Feature matrix (rows, len(feature_names(op))), float32, from the base columns (plus the
     op's extra inputs, for an op with features of its own)."""
     missing = [c for c in BASE_COLUMNS if c not in cols]
@@ -440,7 +440,7 @@ class CandidateFeatures:
     params: {PARAMS name: array over the table}, variant_code: array over the table."""
 
     def __init__(self, params: Mapping[str, np.ndarray], variant_code: np.ndarray, dtype: str, spec: GpuSpec,
-                 op: str = "gemm"):
+                 op: str):
         self.op, self.dtype, self.spec = op, dtype, spec
         self._mod = op_features(op)
         params = {p: np.asarray(params[p], dtype=np.float64) for p in PARAMS}

@@ -40,7 +40,8 @@ from gemm_costmodel import registry
 from gemm_costmodel.serving.runtime import Dispatcher, default_dispatcher
 
 # The dense GEMM op: its space and (torch, triton) implementation, from the registry.
-_OP = registry.get("gemm")
+GEMM_OP_NAME = "gemm"
+_OP = registry.get(GEMM_OP_NAME)
 K = _OP.impl_module()
 # The block-scaled fp8 op (vLLM's w8a8 block-fp8 linear).
 BS_OP_NAME = "fp8_blockscale"
@@ -61,9 +62,9 @@ def set_dispatcher(d: Dispatcher | None, op: str | None = None) -> None:
     None goes back to the process-wide default for the current GPU. ValueError if ``d`` serves
     another op than ``op`` or ``op`` is unknown."""
     # A dispatcher-like object without .op (a test double, older code) serves the dense op.
-    d_op = getattr(d, "op", registry.DEFAULT_OP) if d is not None else None
+    d_op = getattr(d, "op", GEMM_OP_NAME) if d is not None else None
     if op is None:
-        op = d_op or registry.DEFAULT_OP
+        op = d_op or GEMM_OP_NAME
     registry.get(op)  # ValueError naming the known ops
     if d is None:
         _dispatchers.pop(op, None)
@@ -73,12 +74,12 @@ def set_dispatcher(d: Dispatcher | None, op: str | None = None) -> None:
     _dispatchers[op] = d
 
 
-def dispatcher(op: str = registry.DEFAULT_OP) -> Dispatcher:
+def dispatcher(op: str) -> Dispatcher:
     """The dispatcher the ops of ``op`` use."""
     d = _dispatchers.get(op)
     if d is not None:
         return d
-    if op == registry.DEFAULT_OP:
+    if op == GEMM_OP_NAME:  # the process-wide default dispatcher serves the dense op
         return default_dispatcher()
     d = _default_dispatchers.get(op)
     if d is None:
@@ -90,7 +91,7 @@ def dispatcher(op: str = registry.DEFAULT_OP) -> Dispatcher:
     return d
 
 
-def _config(cid: str, op: str = registry.DEFAULT_OP):
+def _config(cid: str, op: str):
     cfg = _configs.get((op, cid))
     if cfg is None:
         cfg = _configs[(op, cid)] = registry.get(op).config_from_id(cid)
@@ -104,11 +105,11 @@ def choose(x: torch.Tensor, w: torch.Tensor, scale_a=None, scale_b=None) -> str:
     n = w.shape[0]
     if _unsure is not None:
         return _unsure.choose(x, w, scale_a, scale_b, name)
-    return dispatcher().select(m, n, k, name).candidate
+    return dispatcher(GEMM_OP_NAME).select(m, n, k, name).candidate
 
 
 def _run(x, w, scale_a=None, scale_b=None) -> torch.Tensor:
-    return K.launch(_config(choose(x, w, scale_a, scale_b)), x, w, None, scale_a, scale_b)
+    return K.launch(_config(choose(x, w, scale_a, scale_b), GEMM_OP_NAME), x, w, None, scale_a, scale_b)
 
 
 @torch.library.custom_op("gemm_costmodel::gemm", mutates_args=())
@@ -296,16 +297,14 @@ def quantize_fp8_per_token_group(x: torch.Tensor, group: int = BS.GROUP_K) -> tu
 def _graph_timer(op_name: str, problem):
     """(time_of(config id) -> ms, release()) for one problem of an op (a dense GEMM, a block-scaled
     GEMM, an MoE stage), timed as the harness times it: its CUDA-graph timer over rotating
-    synthetic operand copies (``correctness.timing_copies``: >= 2x L2 of what a launch reads, so
+    synthetic operand copies (``kernels.timing.timing_copies``: >= 2x L2 of what a launch reads, so
     weights come from HBM as in serving; the user's tensors are not copied). Measured on an H100:
     eager ``triton.testing.do_bench`` read the MoE decode stages at 1.1-20x their graph time
     (median 1.9x: the host's launch path, not the kernel) and its top-k picks were no better than
     the model's (benchmarks/explore/moe_unsure_check.py); on 30 dense shapes it read 1.23x the
     graph time and picked a config 1.107x off the graph timer's best on one of them
     (benchmarks/explore/unsure_timer_check.py)."""
-    from gemm_costmodel.benchmarks.correctness import timing_copies
-    from gemm_costmodel.benchmarks.harness import free_device_memory
-    from gemm_costmodel.benchmarks.timing import GraphTimer
+    from gemm_costmodel.kernels.timing import GraphTimer, free_device_memory, timing_copies
 
     impl = registry.get(op_name).impl_module()
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -414,7 +413,7 @@ class UnsureTuner:
         ranked = [c.candidate for c in self.d.rank(m, n, k, dtype, count=self.k)]
 
         def run(cid):
-            return K.launch(_config(cid), x, w, None, scale_a, scale_b)
+            return K.launch(_config(cid, GEMM_OP_NAME), x, w, None, scale_a, scale_b)
 
         winner, ms, times = self._timed_pick(_OP.name, _OP.space_module().Problem(m, n, k, dtype), ranked, run,
                                              lambda y, ref: torch.allclose(y.float(), ref, rtol=2e-2, atol=2e-2),
@@ -545,7 +544,7 @@ def enable_unsure_mode(k: int = 8, cache_file: str | None = None, bench=None, mo
     that timer for every op (``fn`` runs the candidate on the call's operands), ``moe_bench`` for
     the MoE stages only and ``blockscale_bench`` for the block-scaled GEMM only."""
     global _unsure
-    _unsure = UnsureTuner(dispatcher(), k=k, cache_file=cache_file, bench=bench, moe_bench=moe_bench,
+    _unsure = UnsureTuner(dispatcher(GEMM_OP_NAME), k=k, cache_file=cache_file, bench=bench, moe_bench=moe_bench,
                           blockscale_bench=blockscale_bench)
     return _unsure
 

@@ -7,7 +7,7 @@ Precedence (documented in the README):
    ``session.run``;
 3. with no usable model (missing, corrupt, schema-hash, config-space-hash or arch mismatch, an .onnx
    that does not match its manifest's size and sha256, unknown GPU), the hand
-   heuristic of ``gemm_costmodel.serving.heuristic`` decides. The reason is warned once; the
+   heuristic of ``gemm_costmodel.kernels.gemm.heuristic`` decides. The reason is warned once; the
    serving path never raises for a model problem.
 
 Candidates come only from the space of the GPU's arch (``Dispatcher.space_arch``);
@@ -33,7 +33,7 @@ from collections import OrderedDict
 import numpy as np
 
 from gemm_costmodel.serving import features as F
-from gemm_costmodel.serving import hardware
+from gemm_costmodel.kernels import hardware
 from gemm_costmodel import registry
 from gemm_costmodel.serving.candidates import arch_has_fp8
 from gemm_costmodel.serving.candidates import table as candidate_table
@@ -42,7 +42,7 @@ DTYPES = ("bf16", "fp16", "fp8")
 # The kernels were written and tested for 32-bit sizes (no int64 casts in their index math): larger
 # problems are refused here rather than risking wrapped offsets.
 MAX_DIM = 2**31 - 1
-# The dense GEMM's vendor candidate (gemm_configs.VendorConfig): torch.mm, or torch._scaled_mm for fp8.
+# The dense GEMM's vendor candidate (gemm.space.VendorConfig): torch.mm, or torch._scaled_mm for fp8.
 VENDOR = registry.get("gemm").vendor_ids[0]
 # costmodel/serving/runtime.py -> the repository's models/ folder.
 DEFAULT_MODELS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -442,7 +442,7 @@ class Dispatcher:
     arch and the GPU numbers the features use. The arch comes from the hardware
     table, or for a GPU missing from it from torch's compute capability when the
     name is the current device's. Candidates come only from the arch's own space
-    (``space_arch``; gemm_configs.ARCHS: sm90, sm80); on any other or unknown arch
+    (``space_arch``; gemm.space.ARCHS: sm90, sm80); on any other or unknown arch
     every decision is the vendor library (source 'vendor', one DispatchWarning).
     fp8 needs fp8 tensor cores (sm89 and up): where the GPU has none (A100), fp8
     problems raise ValueError, since no candidate, not even the vendor's, runs them.
@@ -496,7 +496,7 @@ class Dispatcher:
             self._vendor_reason = None
         elif self.arch is None:
             self._vendor_reason = (f"unknown GPU {self.gpu_name!r}, arch unknown: no candidate space is known to "
-                                   "run on it (describe it with gemm_costmodel.serving.hardware.register or "
+                                   "run on it (describe it with gemm_costmodel.kernels.hardware.register or "
                                    "COSTMODEL_GPU_SPECS)")
         else:
             self._vendor_reason = (f"{self.gpu_name!r} is {self.arch}: Triton candidate spaces exist only for "
@@ -547,7 +547,7 @@ class Dispatcher:
                 return self._models[dtype]
             model, reason = None, ""
             if self.spec is None:
-                reason = (f"unknown GPU {self.gpu_name!r} (describe it with gemm_costmodel.serving.hardware.register "
+                reason = (f"unknown GPU {self.gpu_name!r} (describe it with gemm_costmodel.kernels.hardware.register "
                           "or COSTMODEL_GPU_SPECS)")
             else:
                 model, reason = self._load_first(dtype, "decision")
@@ -577,8 +577,8 @@ class Dispatcher:
         entries = table.get("entries", table) if isinstance(table, dict) else {}
         # A table serves one op (its "op" field; dense GEMM when absent); lookups are by this
         # dispatcher's op, so another op's table never answers here.
-        op = table.get("op", registry.DEFAULT_OP) if isinstance(table, dict) and "entries" in table else \
-            registry.DEFAULT_OP
+        op = table.get("op", registry.LEGACY_OP) if isinstance(table, dict) and "entries" in table else \
+            registry.LEGACY_OP
         registry.get(op)
         entries = {k: v for k, v in entries.items() if k != "op"}
         unknown: set[str] = set()
@@ -627,7 +627,7 @@ class Dispatcher:
         if self.fp8_supported is False:
             raise ValueError(f"dtype fp8 is not supported on {where}: no fp8 tensor cores, so neither the Triton "
                              "kernels nor torch._scaled_mm can run it")
-        if self.space_arch is None and (k % 16 or n % 16):  # gemm_configs.check_feasible's vendor rule
+        if self.space_arch is None and (k % 16 or n % 16):  # gemm.space.check_feasible's vendor rule
             raise ValueError(f"K and N must be multiples of 16 for fp8 on {where}, where torch._scaled_mm is the "
                              f"only candidate; got K={k}, N={n}")
 

@@ -90,7 +90,7 @@ class PerfModel:
             return float(waves * params["block_m"] * params["block_n"] * k)
         cols = F.problem_columns(m, n, k, dtype, d.spec, F.VARIANT_CODES[self.variant],
                                  {p: np.float64(v) for p, v in params.items()})
-        return float(model.score(F.compute(cols))[0])
+        return float(model.score(F.compute(cols, op="gemm"))[0])
 
 
 def configs(dtype: str = "bf16", arch: str = "sm90", names: dict | None = None):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,7 +36,9 @@ def load_vllm_tables(folder: str | None = None, gpu_name: str = "NVIDIA H100 80G
     """{(N, K): {M: config id}} of vLLM's tuned block-fp8 files for one GPU; {} when the folder
     is missing. A file whose entry is not in our space raises ValueError naming it."""
     # vLLM's file naming, as the exporter writes it (one definition of it).
-    from gemm_costmodel.learning.vllm_export import FILE_NAME_RE, device_name
+    from ..space_common import vllm_device_name as device_name
+
+    FILE_NAME_RE = re.compile(space.VLLM_FILE_NAME_RE)
 
     folder = folder or os.environ.get(ENV_VLLM_DIR) or default_vllm_dir()
     if not os.path.isdir(folder):
@@ -123,11 +126,11 @@ def fit_arms(train_ev) -> Arms:
     return arms
 
 
-def scores(ev, train) -> dict:
-    """{method: score per row of ev} for the evaluation (lower = chosen first)."""
+def picks(ev, train_ev) -> dict:
+    """{method: pandas Series, shape id -> candidate id} for the evaluation rows ``ev``: vLLM's
+    tuned picks where its files were found, and the hand rule's arms fitted on ``train_ev`` (the
+    fold's training evaluation rows)."""
     import pandas as pd
-
-    from gemm_costmodel.learning import evaluate as E
 
     out = {}
     first = ev.drop_duplicates("sid").set_index("sid")
@@ -136,12 +139,11 @@ def scores(ev, train) -> dict:
     if any(tables.values()):
         wanted = {sid: vllm_pick(tables[str(r["gpu_name"])], int(r["m"]), int(r["n"]), int(r["k"]))[0]
                   for sid, r in first.iterrows()}
-        out["vllm_tuned"] = E._pick_score(ev, pd.Series(wanted))
-    train_ev = E.eval_rows(train)
+        out["vllm_tuned"] = pd.Series(wanted)
     if len(train_ev):
         arms = fit_arms(train_ev)
         wanted = {sid: arms.pick(int(r["m"]), int(r["n"]), int(r["k"])) for sid, r in first.iterrows()}
-        out["hand_heuristic"] = E._pick_score(ev, pd.Series(wanted))
+        out["hand_heuristic"] = pd.Series(wanted)
     return out
 
 

@@ -151,7 +151,7 @@ def _gemv_x_scaled(a_ptr, as_ptr, bs_row, row, K: tl.constexpr, KG: tl.constexpr
     return v.to(tl.float32) * s[:, None]
 
 
-# N and K are compile-time constants (M is not), as in the dense GEMV (kernels/gemm_gemv.py): one
+# N and K are compile-time constants (M is not), as in the dense GEMV (kernels/gemm/gemv.py): one
 # compile per weight shape and config, which a server pays once per layer at warm-up.
 @triton.jit(do_not_specialize=["M"])
 def fp8_blockscale_gemv_kernel(a_ptr, b_ptr, as_ptr, bs_ptr, y_ptr, M, N: tl.constexpr, K: tl.constexpr,

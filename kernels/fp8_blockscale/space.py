@@ -3,7 +3,7 @@
 The op (vLLM's ``w8a8_block_fp8_matmul``): y (M, N) bf16 = (A * As) @ (B * Bs).T with
 A fp8 e4m3 (M, K), As fp32 (M, ceil(K/128)) per token and 128-wide K group, B fp8 e4m3
 (N, K), Bs fp32 (ceil(N/128), ceil(K/128)) per 128x128 weight block. The same module
-interface as ``kernels/gemm_configs.py``: Problem, config dataclasses with stable ids,
+interface as ``kernels/gemm/space.py``: Problem, config dataclasses with stable ids,
 generate_configs, config_from_id, config_params, PARAM_NAMES, ARCHS, ConfigArrays,
 PROBLEM_RULES, problem_mask, check_feasible, feasible_configs, space_hash, static_feasible;
 plus ``vllm_default()``, ``from_vllm(entry)`` and the fallback rule ``choose``.
@@ -21,12 +21,12 @@ import re
 from dataclasses import dataclass, fields
 from typing import ClassVar, Union
 
-from gemm_costmodel.kernels.gemm_configs import (ARCHS, PARAM_NAMES, SWAPAB_MAX_M, SWAPAB_TOKENS,  # noqa: F401
-                                                  ArchSpec, VendorConfig, split_rule_arrays, swapab_tokens,
-                                                  token_mismatch)
+# The dense op's swap-AB token rules: the block-scaled swap-AB kernel follows them.
+from gemm_costmodel.kernels.gemm.space import (SWAPAB_MAX_M, SWAPAB_TOKENS, split_rule_arrays,  # noqa: F401
+                                                  swapab_tokens, token_mismatch)
 
-from ..space_common import (DenseProblem, first_violation, param_arrays, parse_config_id,  # noqa: F401
-                            rules_mask, space_hash)  # noqa: F401 - space_hash: the op interface
+from ..space_common import (ARCHS, PARAM_NAMES, ArchSpec, DenseProblem, VendorConfig, feasibility,  # noqa: F401
+                            first_violation, param_arrays, parse_config_id, rules_mask, space_hash)
 
 # The quantisation group: As has one scale per token per GROUP_K columns of K, Bs one per
 # GROUP_N x GROUP_K block of B (vLLM's block_shape [128, 128]).
@@ -323,7 +323,7 @@ class ConfigArrays:
 
 
 # The per-problem rules, (applies(problem), violated(arrays, problem), reason(problem, params)),
-# as in gemm_configs. The tiled kernel masks M, N and K: it runs every problem.
+# as in gemm.space. The tiled kernel masks M, N and K: it runs every problem.
 PROBLEM_RULES = (
     (lambda p: True,
      lambda a, p: a.split_short_k >= p.k,  # ceil(K / block_k) < split_k (split_rule_arrays)
@@ -362,23 +362,9 @@ PROBLEM_RULES = (
 )
 
 
-def problem_mask(arrays: ConfigArrays, problem) -> "np.ndarray":
-    """Boolean array: which configs of ``arrays`` satisfy every per-problem rule."""
-    return rules_mask(PROBLEM_RULES, arrays, problem)
-
-
-def check_feasible(cfg: BlockScaleConfig, problem: Problem, arch: str = "sm90") -> tuple[bool, str]:
-    """Whether cfg can run problem correctly on arch; returns (ok, reason)."""
-    ok, why = static_feasible(cfg, ARCHS[arch], problem.dtype)
-    if not ok:
-        return ok, why
-    why = first_violation(PROBLEM_RULES, ConfigArrays([cfg]), problem, config_params(cfg))
-    return (not why), why
-
-
-def feasible_configs(problem: Problem, arch: str = "sm90", include_vendor: bool = True) -> list[BlockScaleConfig]:
-    """Candidates that can run ``problem`` on ``arch``."""
-    return [c for c in generate_configs(arch, problem.dtype, include_vendor) if check_feasible(c, problem, arch)[0]]
+# The three are the same for every op (space_common.feasibility): the static rules, then the
+# per-problem rule list, over a whole space (problem_mask) or one config (check_feasible).
+problem_mask, check_feasible, feasible_configs = feasibility(globals())
 
 
 # -- the fallback rule -----------------------------------------------------------------------
@@ -417,3 +403,8 @@ def choose(m: int, n: int, k: int, sm_count: int, candidates: list[dict]) -> int
         return d + 0.1 * (c["num_warps"] != want["num_warps"]) + 0.1 * (c["num_stages"] != want["num_stages"])
 
     return min(range(len(candidates)), key=lambda i: (dist(candidates[i]), i))
+
+
+# vLLM's w8a8 block-fp8 tuned file names (the exporter writes them, the baselines read them): N, K,
+# device name.
+VLLM_FILE_NAME_RE = r"^N=(\d+),K=(\d+),device_name=([^,/\\ ]+),dtype=fp8_w8a8,block_shape=\[128,128\]\.json$"

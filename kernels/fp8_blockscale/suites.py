@@ -12,7 +12,7 @@
 """
 from __future__ import annotations
 
-from gemm_costmodel.data.shapes import M_GRID, Shape, nk_pairs
+from gemm_costmodel.kernels.shapes import M_GRID, Shape, nk_pairs
 
 # The (N, K) of vLLM 0.33.0's tuned w8a8 block-fp8 files (DeepSeek-V3 layers at its TP
 # degrees): the union of the 23 H100 and 23 H200 files

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import numpy as np
 
@@ -68,7 +69,9 @@ def load_vllm_tables(folder: str | None = None, gpu_name: str = DEFAULT_GPU, dty
     file order; non-numeric keys such as 'triton_version' skipped); {} when the folder is missing.
     A malformed entry raises ValueError naming the file and M."""
     # vLLM's file naming, as the exporter writes it (one definition of it).
-    from gemm_costmodel.learning.vllm_export import MOE_FILE_NAME_RE, device_name
+    from ..space_common import vllm_device_name as device_name
+
+    MOE_FILE_NAME_RE = re.compile(space.VLLM_FILE_NAME_RE)
 
     folder = folder or os.environ.get(ENV_VLLM_DIR) or default_vllm_dir()
     if not os.path.isdir(folder):
@@ -103,7 +106,7 @@ def vllm_pick(tables: dict, m: int, e: int, inter: int, dtype: str = "bf16") -> 
 
 
 def arch_of(gpu_name: str) -> str:
-    from gemm_costmodel.serving import hardware
+    from .. import hardware
 
     spec = hardware.lookup(str(gpu_name))
     return spec.arch if spec is not None else "unknown"
@@ -149,20 +152,19 @@ def has_tables(frame, folder: str | None = None) -> bool:
     return any(_tables(folder, gpu, dtype) for gpu, dtype in pairs)
 
 
-def scores(ev, train) -> dict:
-    """{method: score per row of ev} for the evaluation (lower = chosen first): vllm_default, and
-    vllm_tuned where vLLM's files for the GPU were found."""
+def picks(ev, train_ev) -> dict:
+    """{method: pandas Series, shape id -> candidate id} for the evaluation rows ``ev``:
+    vllm_default, and vllm_tuned where vLLM's files for the GPU were found (``train_ev`` unused:
+    vLLM's picks are fitted on nothing of ours)."""
     import pandas as pd
 
-    from gemm_costmodel.learning import evaluate as E
-
     first = ev.drop_duplicates("sid").set_index("sid")
-    picks = vllm_picks(first)
+    vp = vllm_picks(first)
     key = pd.MultiIndex.from_frame(first[list(SHAPE_KEY)].astype(str))
-    pk = picks.set_index(pd.MultiIndex.from_frame(picks[list(SHAPE_KEY)].astype(str)))
-    out = {"vllm_default": E._pick_score(ev, pd.Series(pk.loc[key, "default_id"].to_numpy(), index=first.index))}
+    pk = vp.set_index(pd.MultiIndex.from_frame(vp[list(SHAPE_KEY)].astype(str)))
+    out = {"vllm_default": pd.Series(pk.loc[key, "default_id"].to_numpy(), index=first.index)}
     if has_tables(first):
-        out["vllm_tuned"] = E._pick_score(ev, pd.Series(pk.loc[key, "tuned_id"].to_numpy(), index=first.index))
+        out["vllm_tuned"] = pd.Series(pk.loc[key, "tuned_id"].to_numpy(), index=first.index)
     return out
 
 
@@ -284,7 +286,7 @@ def _summary(frame, groups, oracle_col: str) -> list[dict]:
 
 
 def _groups(frame, by_stage: bool) -> list:
-    from gemm_costmodel.learning.evaluate import m_bucket
+    from gemm_costmodel.util import m_bucket
 
     from .suites import HELDOUT_FAMILIES
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gemm_costmodel.kernels.gemm_configs import VARIANT_CODES
+from gemm_costmodel.kernels.space_common import VARIANT_CODES
 
 from . import routing as R
 

@@ -354,7 +354,7 @@ def moe_swapab_kernel(a_ptr, w_ptr, c_ptr, a_scale_ptr, w_scale_ptr, tw_ptr, sor
 # GEMV on the same weight shape, which reads twice the bytes.
 #
 # Both kernels compile per weight shape: N (gate_up: I), K and the strides are constants, as the
-# dense GEMV's are (kernels/gemm_gemv.py), and M, E and top_k stay at run time. Measured at M = 1
+# dense GEMV's are (kernels/gemm/gemv.py), and M, E and top_k stay at run time. Measured at M = 1
 # on the H100 (benchmarks/results/moe/README.md, "Compiled per weight shape"), the best config got
 # 1.9% (bf16 gate_up), 4.6% (bf16 down) and 3.3% (fp8 gate_up) faster, fp8 down unchanged; a server
 # pays one compile per (layer shape, config) at warm-up.

@@ -14,7 +14,7 @@ meaning, with M tokens doing M * top_k rows over E weights. Its ``routing`` name
 histogram (``routing.py``): the same shape runs at another speed when the tokens crowd onto a
 few experts.
 
-Candidates (the same module interface as ``kernels/gemm_configs.py``):
+Candidates (the same module interface as ``kernels/gemm/space.py``):
 - ``tiled`` (``MoeTiledConfig``): vLLM's fused_moe kernel on vLLM's keys (BLOCK_SIZE_M/N/K,
   GROUP_SIZE_M, num_warps, num_stages). The space is every distinct config of vLLM's H100 tuned
   files for the dtype (``vllm_h100.py``: vLLM's exhaustive tuner picked each of them for some
@@ -42,9 +42,9 @@ import re
 from dataclasses import dataclass, fields
 from typing import ClassVar, Union
 
-from gemm_costmodel.kernels.gemm_configs import ARCHS, PARAM_NAMES, ArchSpec, VendorConfig  # noqa: F401
 
-from ..space_common import check_dims, first_violation, param_arrays, parse_config_id, rules_mask, space_hash  # noqa: F401
+from ..space_common import (ARCHS, PARAM_NAMES, ArchSpec, VendorConfig, check_dims, feasibility,  # noqa: F401
+                            first_violation, param_arrays, parse_config_id, rules_mask, space_hash)
 from . import routing as R
 from . import vllm_h100
 
@@ -337,23 +337,9 @@ PROBLEM_RULES = (
 )
 
 
-def problem_mask(arrays: ConfigArrays, problem) -> "np.ndarray":
-    """Boolean array: which configs of ``arrays`` satisfy every per-problem rule."""
-    return rules_mask(PROBLEM_RULES, arrays, problem)
-
-
-def check_feasible(cfg: MoeConfig, problem: Problem, arch: str = "sm90") -> tuple[bool, str]:
-    """Whether cfg can run problem correctly on arch; returns (ok, reason)."""
-    ok, why = static_feasible(cfg, ARCHS[arch], problem.dtype)
-    if not ok:
-        return ok, why
-    why = first_violation(PROBLEM_RULES, ConfigArrays([cfg]), problem, config_params(cfg))
-    return (not why), why
-
-
-def feasible_configs(problem: Problem, arch: str = "sm90", include_vendor: bool = True) -> list[MoeConfig]:
-    """Candidates that can run ``problem`` on ``arch``."""
-    return [c for c in generate_configs(arch, problem.dtype, include_vendor) if check_feasible(c, problem, arch)[0]]
+# The three are the same for every op (space_common.feasibility): the static rules, then the
+# per-problem rule list, over a whole space (problem_mask) or one config (check_feasible).
+problem_mask, check_feasible, feasible_configs = feasibility(globals())
 
 
 # -- the fallback rule -----------------------------------------------------------------------

@@ -17,9 +17,9 @@ SPLIT_K > 1, the slices write fp32 partials and the last slice to arrive sums
 them (the one-launch scheme of the split-K kernels, common.py), so there is one
 launch and it is CUDA-graph safe.
 
-Same contract as kernels/gemm.py: y = x @ w.T, x (M, K), w (N, K), row-major;
+Same contract as kernels/gemm/kernel.py: y = x @ w.T, x (M, K), w (N, K), row-major;
 fp8 inputs carry per-tensor scales and write bf16. Unlike the MMA kernels it is compiled for each
-weight shape (N, K and the strides are constants; `shape_specialised` in gemm_configs.py), so the
+weight shape (N, K and the strides are constants; `shape_specialised` in gemm/space.py), so the
 first launch on a new weight shape compiles.
 """
 from __future__ import annotations
@@ -28,8 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import _arrival_counters, launch_args, splitk_workspace
-from .gemm_configs import GemvConfig
+from ..common import _arrival_counters, launch_args, splitk_workspace
+from .space import GemvConfig
 
 
 @triton.jit

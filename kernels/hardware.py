@@ -139,7 +139,7 @@ def spec_for(gpu_name: str) -> GpuSpec:
     """Like lookup, but raises a ValueError naming the GPU when it is unknown."""
     spec = lookup(gpu_name)
     if spec is None:
-        raise ValueError(f"unknown GPU {gpu_name!r}: describe it with gemm_costmodel.serving.hardware.register() "
+        raise ValueError(f"unknown GPU {gpu_name!r}: describe it with gemm_costmodel.kernels.hardware.register() "
                          "or COSTMODEL_GPU_SPECS")
     return spec
 

@@ -1,4 +1,5 @@
-"""GEMM shape suites from the linear layers of LLM families.
+"""The linear layers of LLM families, the shapes the ops' suites draw from (the dense GEMM's
+suites: kernels/gemm/suites.py; the block-scaled fp8 op's: kernels/fp8_blockscale/suites.py).
 
 Dims are written from each model's published config.json (hidden_size,
 num_attention_heads, num_key_value_heads, head_dim, intermediate_size; MLA
@@ -16,6 +17,8 @@ from __future__ import annotations
 import csv
 from dataclasses import dataclass, field
 from typing import Iterable
+
+from .space_common import DTYPE_BYTES, DenseProblem
 
 TP_DEGREES = (1, 2, 4, 8)
 
@@ -163,37 +166,15 @@ def nk_pairs(tps: Iterable[int] = TP_DEGREES) -> dict[tuple[int, int], list[str]
     return out
 
 
-def training_suite(dtype: str = "bf16", ms: Iterable[int] = M_GRID, tps: Iterable[int] = TP_DEGREES) -> list[Shape]:
-    """All (M, N, K) of the training families over the M grid."""
-    pairs = nk_pairs(tps)
-    return [Shape(m, n, k, dtype, tuple(orig)) for (n, k), orig in sorted(pairs.items()) for m in ms]
+class _DenseDims(DenseProblem):
+    """(M, N, K, dtype) checked as a dense GEMM's Problem checks them (the dtypes every op's space
+    knows), without importing an op's folder."""
 
-
-def foundation_suite(dtype: str = "bf16") -> list[Shape]:
-    """The foundation benchmark's shapes: decode (M <= 64) and prefill (M >= 1024).
-
-    12 (N, K) pairs by a fixed stride through the pairs sorted by weight size
-    (spread over families and TP), with two decode and two prefill M each,
-    plus the 4 pairs whose bf16 weight is >= 256 MB (spread by size) at
-    M in {1, 16, 32, 64} for the HBM-floor check, and M=1024 for two of them.
-    """
-    pairs = sorted(nk_pairs().items(), key=lambda kv: kv[0][0] * kv[0][1])
-    step = max(1, len(pairs) // 12)
-    shapes = []
-    for i, ((n, k), orig) in enumerate(pairs[::step][:12]):
-        ms = (1, 16, 1024, 4096) if i % 2 == 0 else (7, 64, 2048, 8192)
-        shapes += [Shape(m, n, k, dtype, tuple(orig)) for m in ms]
-    big = [kv for kv in pairs if kv[0][0] * kv[0][1] * 2 >= 256 * 2**20]
-    for i, ((n, k), orig) in enumerate(big[:: max(1, len(big) // 4)][:4]):
-        ms = (1, 16, 32, 64) + ((1024,) if i % 2 == 0 else ())
-        shapes += [Shape(m, n, k, dtype, tuple(orig)) for m in ms]
-    return list(dict.fromkeys(shapes))
+    DTYPES = tuple(DTYPE_BYTES)
 
 
 def read_shape_csv(path: str, default_dtype: str = "bf16") -> list[Shape]:
     """User shape list: a CSV with columns M, N, K and optionally dtype (any case)."""
-    from gemm_costmodel.kernels.gemm_configs import Problem
-
     shapes = []
     # utf-8-sig: spreadsheet exports often start with a byte-order mark.
     with open(path, newline="", encoding="utf-8-sig") as fh:
@@ -209,7 +190,7 @@ def read_shape_csv(path: str, default_dtype: str = "bf16") -> list[Shape]:
             try:
                 m, n, k = (int(rec[cols[c]]) for c in ("m", "n", "k"))
                 dtype = (rec.get(cols["dtype"]) if "dtype" in cols else None) or default_dtype
-                Problem(m, n, k, dtype.strip())
+                _DenseDims(m, n, k, dtype.strip())
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"{path}:{lineno}: {exc}") from None
             shapes.append(Shape(m, n, k, dtype.strip(), (f"user/{path}",)))
@@ -249,7 +230,7 @@ def _label(name: str) -> str:
     return _COLUMN_LABELS.get(name, name)
 
 
-def read_problem_csv(path: str, op: str = "gemm", default_dtype: str = "bf16") -> list:
+def read_problem_csv(path: str, op: str, default_dtype: str = "bf16") -> list:
     """A user's problem list of an op: a CSV with one column per problem field the op declares
     (registry ``problem_fields``, any case; MoE: M, N, K, E, top_k, stage, routing), ``dtype``
     optional (else ``default_dtype``), so are fields whose Problem has a default (MoE: routing,

@@ -13,32 +13,13 @@ import re
 from dataclasses import dataclass, fields
 from typing import ClassVar, Iterator, Union
 
-# Element sizes in bytes of the input dtypes the family supports. fp32 is only
-# used by CPU interpreter tests.
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
-# Output dtype per input dtype: fp8 (e4m3, per-tensor scales) writes bf16.
-OUT_DTYPE = {"bf16": "bf16", "fp16": "fp16", "fp8": "bf16", "fp32": "fp32"}
+# What every op's space shares (dtypes, archs, the vendor config, the parameter and variant
+# tables) lives in space_common; this module re-exports it as part of the op interface.
+from ..space_common import (ARCHS, DTYPE_BYTES, OUT_DTYPE, PARAM_NAMES, VARIANT_CODES,  # noqa: F401
+                            ArchSpec, DenseProblem, VendorConfig, feasibility, first_violation, param_arrays,
+                            parse_config_id, rules_mask, space_hash)
+
 DTYPES = tuple(DTYPE_BYTES)
-
-from .space_common import (DenseProblem, first_violation, param_arrays, parse_config_id,  # noqa: F401
-                           rules_mask, space_hash)  # noqa: F401 - space_hash: the op interface
-
-@dataclass(frozen=True)
-class ArchSpec:
-    """The numbers of a GPU architecture that the config space depends on."""
-
-    name: str
-    smem_per_block: int  # largest dynamic shared memory one program may use, bytes
-    max_acc_per_thread: int  # fp32 accumulator registers per thread before spilling
-    has_tma: bool
-
-
-ARCHS = {
-    # Hopper: 227 KiB opt-in shared memory per block, TMA and wgmma.
-    "sm90": ArchSpec("sm90", 232448, 128, True),
-    # Ampere/Ada: no TMA; 163 KiB (A100) is the common upper bound.
-    "sm80": ArchSpec("sm80", 166912, 128, False),
-}
 
 
 class Problem(DenseProblem):
@@ -132,7 +113,7 @@ class SwapABTmaConfig(SwapABConfig):
 
 @dataclass(frozen=True)
 class GemvConfig:
-    """Decode GEMV for M <= 2 (kernels/gemm_gemv.py): CUDA-core dot products, no MMA. A
+    """Decode GEMV for M <= 2 (kernels/gemm/gemv.py): CUDA-core dot products, no MMA. A
     program owns BLOCK_N weight rows and one of SPLIT_K slices of K and streams
     (BLOCK_N, BLOCK_K) weight tiles; BLOCK_M is the token rows it computes (1 or 2, tied
     to M by check_feasible; the kernel also takes 4)."""
@@ -154,25 +135,10 @@ class GemvConfig:
                 f"_s{self.split_k}_w{self.num_warps}s{self.num_stages}")
 
 
-@dataclass(frozen=True)
-class VendorConfig:
-    """The vendor library: torch.mm (cuBLAS) or torch._scaled_mm for fp8."""
-
-    library: str = "cublas"
-    variant: ClassVar[str] = "vendor"
-
-    @property
-    def id(self) -> str:
-        return self.library
-
-
 GemmConfig = Union[TiledConfig, SplitKConfig, PersistentConfig, SwapABConfig, SwapABTmaConfig, GemvConfig,
                    VendorConfig]
 VARIANTS = {c.variant: c for c in (TiledConfig, SplitKConfig, PersistentConfig, SwapABConfig, SwapABTmaConfig,
                                    GemvConfig, VendorConfig)}
-VARIANT_CODES = {"tiled": 0, "splitk": 1, "persistent": 2, "vendor": 3, "swapab": 4, "swapab_tma": 5, "gemv": 6}
-# Uniform numeric view of any config, used by features and data files.
-PARAM_NAMES = ("block_m", "block_n", "block_k", "group_m", "split_k", "num_warps", "num_stages")
 
 _ID_RE = {
     "tiled": re.compile(r"^tiled_m(\d+)n(\d+)k(\d+)_g(\d+)_w(\d+)s(\d+)$"),
@@ -411,26 +377,8 @@ PROBLEM_RULES = (
 )
 
 
-def problem_mask(arrays: ConfigArrays, problem) -> "np.ndarray":
-    """Boolean array: which configs of ``arrays`` satisfy every per-problem rule. ``problem``:
-    anything with m, n, k and dtype (a Problem, or the runtime's checked dimensions)."""
-    return rules_mask(PROBLEM_RULES, arrays, problem)
-
-
-def check_feasible(cfg: GemmConfig, problem: Problem, arch: str = "sm90") -> tuple[bool, str]:
-    """Whether cfg can run problem correctly on arch; returns (ok, reason). The one-config
-    case of ``problem_mask`` (after the static rules)."""
-    spec = ARCHS[arch]
-    ok, why = static_feasible(cfg, spec, problem.dtype)
-    if not ok:
-        return ok, why
-    why = first_violation(PROBLEM_RULES, ConfigArrays([cfg]), problem, config_params(cfg))
-    return (not why), why
-
-
-def feasible_configs(problem: Problem, arch: str = "sm90", include_vendor: bool = True) -> list[GemmConfig]:
-    """Candidates that can run ``problem`` on ``arch``."""
-    return [c for c in generate_configs(arch, problem.dtype, include_vendor)
-            if check_feasible(c, problem, arch)[0]]
+# The three are the same for every op (space_common.feasibility): the static rules, then the
+# per-problem rule list, over a whole space (problem_mask) or one config (check_feasible).
+problem_mask, check_feasible, feasible_configs = feasibility(globals())
 
 

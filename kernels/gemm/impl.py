@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
-from . import gemm
-from .gemm import check_operands  # noqa: F401 - part of the op's interface
-from .gemm_configs import GemmConfig, Problem
+from . import kernel as gemm
+from .kernel import check_operands  # noqa: F401 - part of the op's interface
+from .space import GemmConfig, Problem
 
 # Relative Frobenius error bounds, per input dtype. The error is dominated by
 # rounding the fp32 accumulator to the output dtype (bf16: 2^-9 per element,

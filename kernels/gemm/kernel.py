@@ -4,20 +4,20 @@ x is (M, K) and w is (N, K), both row-major; y is (M, N). Inputs are bf16,
 fp16 or fp8 e4m3 (per-tensor scales, bf16 output); fp32 accumulates. fp32
 inputs are accepted for CPU interpreter tests.
 
-Variants (configs in gemm_configs.py):
+Variants (configs in gemm/space.py):
 - tiled: output tiles in grouped order, masked loads; any shape and stride.
 - splitk: K split over SPLIT_K programs writing fp32 partials, then a small
   reduce kernel applies the scales and casts. For decode and skinny shapes.
 - persistent: one program per SM walks the tile list, loading through TMA
   tensor descriptors (Hopper). Needs 16-byte aligned rows.
 - swapab / swapab_tma: decode (M <= 64) kernels computing y.T = w @ x.T, so the
-  weight rows fill the MMA's M side; in kernels/gemm_swapab.py.
+  weight rows fill the MMA's M side; in kernels/gemm/swapab.py.
 - gemv: M <= 2, CUDA-core dot products (no MMA) with an optional one-launch
-  split-K; in kernels/gemm_gemv.py.
+  split-K; in kernels/gemm/gemv.py.
 - vendor: torch.mm (cuBLAS) or torch._scaled_mm (fp8).
 
 ``launch(cfg, x, w, ...)`` runs any candidate on torch tensors. The helpers
-shared with gemm_swapab.py (grouped tile order, K main loop, split-K
+shared with gemm/swapab.py (grouped tile order, K main loop, split-K
 last-arrival epilogue, operand checks, buffers) live in common.py and are
 re-exported here, so ``gemm.<name>`` keeps working for all of them.
 """
@@ -29,12 +29,12 @@ import triton.language as tl
 
 # Launch dispatch goes to gemm_swapab for its configs; gemm_swapab and this module
 # take their shared helpers from common, so neither imports the other's helpers.
-from . import gemm_gemv, gemm_swapab
+from . import gemv as gemm_gemv, swapab as gemm_swapab
 # Re-exported: callers use them as gemm.<name> (launch_args, TORCH_DTYPES, ...).
-from .common import (DTYPE_NAMES, TORCH_DTYPES, _arrival_counters, _device_index,  # noqa: F401
+from ..common import (DTYPE_NAMES, TORCH_DTYPES, _arrival_counters, _device_index,  # noqa: F401
                      _grouped_tile, _mainloop, _splitk_last_arrival, alloc_output, check_operands,
                      dtype_name, launch_args, num_sms, splitk_workspace, zeroed_buffer)
-from .gemm_configs import (DTYPE_BYTES, OUT_DTYPE, GemmConfig, GemvConfig, PersistentConfig,  # noqa: F401
+from .space import (DTYPE_BYTES, OUT_DTYPE, GemmConfig, GemvConfig, PersistentConfig,  # noqa: F401
                            SplitKConfig, SwapABConfig, TiledConfig, VendorConfig)
 
 

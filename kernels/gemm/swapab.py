@@ -11,7 +11,7 @@ summed in one launch by the last slice to arrive, with the split-K kernel's
 epilogue from common.py), loading either through pointers (any K) or through
 TMA descriptors (16-byte aligned rows).
 
-Same contract as kernels/gemm.py: y = x @ w.T, x (M, K), w (N, K), row-major;
+Same contract as kernels/gemm/kernel.py: y = x @ w.T, x (M, K), w (N, K), row-major;
 fp8 inputs carry per-tensor scales and write bf16.
 """
 from __future__ import annotations
@@ -20,8 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import _arrival_counters, _mainloop, _splitk_last_arrival, launch_args, splitk_workspace
-from .gemm_configs import SwapABConfig, SwapABTmaConfig
+from ..common import _arrival_counters, _mainloop, _splitk_last_arrival, launch_args, splitk_workspace
+from .space import SwapABConfig, SwapABTmaConfig
 
 
 @triton.jit
