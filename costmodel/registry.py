@@ -238,7 +238,7 @@ REGISTRY: dict[str, OpSpec] = {
                        "intrawave_v1",
         fallback="gemm_costmodel.kernels.ck_a8w8_blockscale.space:choose", split_key=("family",),
         features="gemm_costmodel.kernels.ck_a8w8_blockscale.features", kind="classifier",
-        dispatcher="gemm_costmodel.kernels.ck_a8w8_blockscale.serving:ClassifierDispatcher"),
+        dispatcher="gemm_costmodel.serving.classifier:ClassifierDispatcher"),
 }
 # The op the command line runs when --op is not given (and whose report sits at models/report/).
 DEFAULT_OP = "gemm"

@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 from gemm_costmodel import registry
-from gemm_costmodel.data.dataset import DataError
 from gemm_costmodel.kernels.ck_a8w8_blockscale import features as FT
 from gemm_costmodel.kernels.ck_a8w8_blockscale import importer, space
+from gemm_costmodel.kernels.ck_a8w8_blockscale.importer import DataError
 from gemm_costmodel.serving.runtime import DispatchWarning, Dispatcher
 
 OP = "ck_a8w8_blockscale"

@@ -66,6 +66,12 @@ def _mode(name: str) -> str:
         return "pick:benchmarks/results/moe/active/picks3.csv"
     # The MoE op's first H200 rows (benchmarks/campaigns/moe-h200.txt): one adaptation round on the
     # shipped model's picks, and its random-sampling control (8 sampled configs per problem).
+    # `costmodel adapt` rounds on the H200 (benchmarks/results/moe/h200/adapt-fp8/): each round's
+    # shard holds the configs its picks CSV lists, per dtype and training suite.
+    got = re.match(r"moe-adapt(\d+)-(train|trainskewed)-(bf16|fp8)-nvidia-h200-", name)
+    if got:
+        suite = {"train": "train", "trainskewed": "train_skewed"}[got[2]]
+        return f"pick:benchmarks/results/moe/h200/adapt-{got[3]}/picks-r{got[1]}-{got[3]}-{suite}.csv"
     if name.startswith(("moe-adapt0-h200-", "moe-adapt0-fp8-h200-")):
         return "pick:benchmarks/results/moe/h200/picks-r0.csv"
     if name.startswith(("moe-train-h200-", "moe-train-fp8-h200-")):

@@ -124,7 +124,7 @@ def _suite_problems(spec, dtype, per_suite: int = 3) -> list:
     return out
 
 
-@pytest.mark.parametrize("op", registry.names())
+@pytest.mark.parametrize("op", registry.names("ranker"))
 def test_contract_suites_load_and_problems_round_trip(op):
     spec = registry.get(op)
     assert spec.suites and spec.dtypes
@@ -136,7 +136,7 @@ def test_contract_suites_load_and_problems_round_trip(op):
             assert spec.problem(**fields, **spec.fixed) == p  # the pinned fields are accepted as pinned
 
 
-@pytest.mark.parametrize("op", registry.names())
+@pytest.mark.parametrize("op", registry.names("ranker"))
 def test_contract_space_is_non_empty_and_holds_the_default_and_the_vendor(op):
     spec = registry.get(op)
     for dtype in spec.dtypes:
@@ -148,7 +148,7 @@ def test_contract_space_is_non_empty_and_holds_the_default_and_the_vendor(op):
         assert spec.config_from_id(vid).variant == "vendor"
 
 
-@pytest.mark.parametrize("op", registry.names())
+@pytest.mark.parametrize("op", registry.names("ranker"))
 def test_contract_features_have_the_declared_names(op):
     spec = registry.get(op)
     names = F.feature_names(op)
@@ -159,7 +159,7 @@ def test_contract_features_have_the_declared_names(op):
     assert F.schema_hash(op) == F.schema_hash(op)
 
 
-@pytest.mark.parametrize("op", registry.names())
+@pytest.mark.parametrize("op", registry.names("ranker"))
 def test_contract_the_fallback_picks_a_feasible_candidate_and_the_vendor_obeys_check_feasible(op):
     spec = registry.get(op)
     space = spec.space_module()
@@ -176,3 +176,17 @@ def test_contract_the_fallback_picks_a_feasible_candidate_and_the_vendor_obeys_c
             for vid in spec.vendor_ids:
                 ok, why = spec.check_feasible(spec.config_from_id(vid), p, "sm90")
                 assert ok == (vid in {c.id for c in feas}) and (ok or why), (vid, p)
+
+
+@pytest.mark.parametrize("op", registry.names("classifier"))
+def test_contract_a_classifier_op_names_a_feasible_kernel_through_the_dispatcher(op):
+    """Classifier ops (labels only, no timings: the AMD CK op) are served by their own dispatcher,
+    reached through Dispatcher(op=...); their fallback names a kernel for any problem."""
+    from gemm_costmodel.serving.runtime import Dispatcher
+
+    spec = registry.get(op)
+    assert spec.kind == "classifier" and spec.dispatcher
+    space = spec.space_module()
+    for arch in space.ARCHS:
+        for m, n, k in ((1, 4096, 4096), (7, 7168, 2048), (4097, 1536, 7168)):
+            assert isinstance(space.choose(space.Problem(m, n, k), arch), str)

@@ -28,9 +28,12 @@ import subprocess
 
 import pandas as pd
 
-from gemm_costmodel.data.dataset import DataError
 
 from . import space
+
+
+class DataError(ValueError):
+    """A bad AITER table or row: the message starts with ``file:line: field:``."""
 
 # repository root / datasets / ck_a8w8_blockscale / aiter (kernels/ck_a8w8_blockscale/importer.py)
 DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
