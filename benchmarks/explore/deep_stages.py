@@ -26,8 +26,9 @@ import time
 import torch
 
 from gemm_costmodel.benchmarks import correctness as C
-from gemm_costmodel.benchmarks import peers, precompile, timing
-from gemm_costmodel.kernels.gemm_configs import (ARCHS, PersistentConfig, Problem, TiledConfig, VendorConfig,
+from gemm_costmodel.benchmarks import peers, precompile
+from gemm_costmodel.kernels import timing
+from gemm_costmodel.kernels.gemm.space import (ARCHS, PersistentConfig, Problem, TiledConfig, VendorConfig,
                                                  check_feasible, static_feasible)
 
 # Training-family weights (the peer suite's four, and two more) at mid M.

@@ -27,9 +27,9 @@ import time
 import torch
 
 from gemm_costmodel import registry
-from gemm_costmodel.benchmarks.timing import GraphTimer
-from gemm_costmodel.kernels import gemm_configs as G
-from gemm_costmodel.kernels.gemm_op import ERROR_BOUNDS, make_operands, reference
+from gemm_costmodel.kernels.timing import GraphTimer
+from gemm_costmodel.kernels.gemm import space as G
+from gemm_costmodel.kernels.gemm.impl import ERROR_BOUNDS, make_operands, reference
 from gemm_costmodel.serving import ops
 from gemm_costmodel.serving.runtime import Dispatcher
 

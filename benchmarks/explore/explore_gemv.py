@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 # The token-row loader is the committed kernel's: only the weight path differs here.
-from gemm_costmodel.kernels.gemm_gemv import _x_row as _gemv_x
+from gemm_costmodel.kernels.gemm.gemv import _x_row as _gemv_x
 
 
 @triton.jit
@@ -134,8 +134,9 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     from gemm_costmodel.benchmarks import correctness as C
-    from gemm_costmodel.benchmarks import provenance, timing
-    from gemm_costmodel.kernels.gemm_configs import Problem, VendorConfig, feasible_configs
+    from gemm_costmodel.benchmarks import provenance
+    from gemm_costmodel.kernels import timing
+    from gemm_costmodel.kernels.gemm.space import Problem, VendorConfig, feasible_configs
 
     prov = provenance.collect(torch.cuda.current_device())
     timer = timing.GraphTimer()

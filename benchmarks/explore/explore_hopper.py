@@ -33,11 +33,12 @@ import time
 
 import torch
 
-from gemm_costmodel.data import shapes as S
+from gemm_costmodel.kernels.gemm import suites as S
 from gemm_costmodel.benchmarks import correctness as C
-from gemm_costmodel.benchmarks import provenance, summary, timing
-from gemm_costmodel.kernels import gemm
-from gemm_costmodel.kernels.gemm_configs import (ARCHS, DTYPE_BYTES, OUT_DTYPE, PersistentConfig, Problem,
+from gemm_costmodel.benchmarks import provenance, summary
+from gemm_costmodel.kernels import timing
+from gemm_costmodel.kernels.gemm import kernel as gemm
+from gemm_costmodel.kernels.gemm.space import (ARCHS, DTYPE_BYTES, OUT_DTYPE, PersistentConfig, Problem,
                                                  SplitKConfig, TiledConfig, VendorConfig, check_feasible,
                                                  feasible_configs, smem_bytes)
 

@@ -12,10 +12,11 @@ import sys
 
 import torch
 
-from gemm_costmodel.data import shapes as S
+from gemm_costmodel.kernels.gemm import suites as S
 from gemm_costmodel.benchmarks import correctness as C
-from gemm_costmodel.benchmarks import precompile, timing
-from gemm_costmodel.kernels.gemm_configs import (ARCHS, Problem, SplitKConfig, VendorConfig, check_feasible,
+from gemm_costmodel.benchmarks import precompile
+from gemm_costmodel.kernels import timing
+from gemm_costmodel.kernels.gemm.space import (ARCHS, Problem, SplitKConfig, VendorConfig, check_feasible,
                                                  feasible_configs, static_feasible)
 
 EXTRA = [SplitKConfig(bm, bn, bk, sk, w, s)

@@ -23,12 +23,14 @@ import torch
 import triton
 import triton.language as tl
 
-from gemm_costmodel.data import shapes as S
-from gemm_costmodel.benchmarks import harness, precompile, provenance, timing
+from gemm_costmodel.kernels.gemm import suites as S
+from gemm_costmodel.kernels.shapes import read_shape_csv
+from gemm_costmodel.benchmarks import harness, precompile, provenance
+from gemm_costmodel.kernels import timing
 from gemm_costmodel.benchmarks.store import ResultStore, read_rows
-from gemm_costmodel.kernels import gemm
+from gemm_costmodel.kernels.gemm import kernel as gemm
 from gemm_costmodel.kernels.common import _device_index, _grouped_tile, num_sms
-from gemm_costmodel.kernels.gemm_configs import Problem
+from gemm_costmodel.kernels.gemm.space import Problem
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -82,7 +84,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     if args.which == "compare":
         return compare(args.out)
-    shapes = S.read_shape_csv(args.shapes)
+    shapes = read_shape_csv(args.shapes)
     prov = provenance.collect(torch.cuda.current_device())
     todo = [(p, harness.select_candidates(p, "all", 0)) for p in (Problem(s.m, s.n, s.k, s.dtype) for s in shapes)]
     # As `costmodel bench` does (its spawned workers compile the committed kernels only).

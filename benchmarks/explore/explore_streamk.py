@@ -19,10 +19,11 @@ import sys
 
 import torch
 
-from gemm_costmodel.data import shapes as S
+from gemm_costmodel.kernels.gemm import suites as S
 from gemm_costmodel.benchmarks import correctness as C
-from gemm_costmodel.benchmarks import provenance, summary, timing
-from gemm_costmodel.kernels.gemm_configs import DTYPE_BYTES, Problem, VendorConfig, feasible_configs
+from gemm_costmodel.benchmarks import provenance, summary
+from gemm_costmodel.kernels import timing
+from gemm_costmodel.kernels.gemm.space import DTYPE_BYTES, Problem, VendorConfig, feasible_configs
 
 import gemm_streamk as SK  # beside this script (benchmarks/explore/ is the script's folder)
 

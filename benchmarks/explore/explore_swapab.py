@@ -27,16 +27,16 @@ import os
 import sys
 import time
 
-from gemm_costmodel.data import shapes as S
+from gemm_costmodel.kernels.gemm import suites as S
 from gemm_costmodel.benchmarks import summary
 from gemm_costmodel.benchmarks.precompile import probe
-from gemm_costmodel.kernels.gemm_configs import (ARCHS, DTYPE_BYTES, Problem, VendorConfig, config_from_id,
+from gemm_costmodel.kernels.gemm.space import (ARCHS, DTYPE_BYTES, Problem, VendorConfig, config_from_id,
                                                  smem_bytes)
 
 
 def grid(p: Problem):
     """Swap-AB configs for a decode problem (see module doc); wider than the committed space."""
-    from gemm_costmodel.kernels.gemm_configs import SwapABConfig, SwapABTmaConfig
+    from gemm_costmodel.kernels.gemm.space import SwapABConfig, SwapABTmaConfig
 
     e = DTYPE_BYTES[p.dtype]
     bm0 = max(8, 1 << (p.m - 1).bit_length())
@@ -60,7 +60,7 @@ def _compile_worker(tasks):
     import torch
 
     from gemm_costmodel.benchmarks.correctness import make_operands
-    from gemm_costmodel.kernels import gemm_swapab as SW
+    from gemm_costmodel.kernels.gemm import swapab as SW
 
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
@@ -112,8 +112,9 @@ def main():
     import torch
 
     from gemm_costmodel.benchmarks import correctness as C
-    from gemm_costmodel.benchmarks import provenance, timing
-    from gemm_costmodel.kernels import gemm_swapab as SW
+    from gemm_costmodel.benchmarks import provenance
+    from gemm_costmodel.kernels import timing
+    from gemm_costmodel.kernels.gemm import swapab as SW
 
     prov = provenance.collect(torch.cuda.current_device())
     timer = timing.GraphTimer()

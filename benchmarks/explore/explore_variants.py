@@ -9,11 +9,12 @@ import sys
 
 import torch
 
-from gemm_costmodel.data import shapes as S
+from gemm_costmodel.kernels.gemm import suites as S
 from gemm_costmodel.benchmarks import correctness as C
-from gemm_costmodel.benchmarks import precompile, timing
-from gemm_costmodel.kernels import gemm
-from gemm_costmodel.kernels.gemm_configs import (PersistentConfig, Problem, SplitKConfig, VendorConfig,
+from gemm_costmodel.benchmarks import precompile
+from gemm_costmodel.kernels import timing
+from gemm_costmodel.kernels.gemm import kernel as gemm
+from gemm_costmodel.kernels.gemm.space import (PersistentConfig, Problem, SplitKConfig, VendorConfig,
                                                  feasible_configs)
 
 

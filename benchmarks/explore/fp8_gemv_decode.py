@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gemm_costmodel.benchmarks.timing import GraphTimer
+from gemm_costmodel.kernels.timing import GraphTimer
 
 SHAPES = ((4096, 14336), (14336, 4096), (8192, 8192), (28672, 4096), (4096, 4096), (7168, 2048), (2048, 7168))
 CONFIGS = tuple((n, k, w) for n in (1, 2, 4, 8) for k in (512, 1024, 2048) for w in (4, 8) if n * k <= 8192)

@@ -34,7 +34,7 @@ import triton.language as tl
 # The adopted kernel's scaled token-row loader (kernels/fp8_blockscale/impl.py) and the dense
 # GEMV's per-row store and split-K reduction (kernels/gemm_gemv.py: no per-tensor scale here).
 from gemm_costmodel.kernels.fp8_blockscale.impl import _gemv_x_scaled
-from gemm_costmodel.kernels.gemm_gemv import _reduce_row, _store_row
+from gemm_costmodel.kernels.gemm.gemv import _reduce_row, _store_row
 
 
 
@@ -170,7 +170,7 @@ def interpret_check() -> int:
 def main() -> int:
     import pandas as pd
 
-    from gemm_costmodel.benchmarks.timing import GraphTimer, copies_for
+    from gemm_costmodel.kernels.timing import GraphTimer, copies_for
     from gemm_costmodel.kernels.fp8_blockscale import impl, space
 
     ap = argparse.ArgumentParser()

@@ -254,7 +254,7 @@ def interpret_check() -> int:
 
 def measure(out_dir: str, limit: int | None, workers: int, kinds) -> int:
     from gemm_costmodel.benchmarks import correctness
-    from gemm_costmodel.benchmarks.timing import GraphTimer, copies_for
+    from gemm_costmodel.kernels.timing import GraphTimer, copies_for
     from gemm_costmodel.kernels.fp8_blockscale import impl, space
 
     os.makedirs(out_dir, exist_ok=True)

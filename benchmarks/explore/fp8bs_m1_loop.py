@@ -189,7 +189,7 @@ def report(name: str, seed: int, tot: np.ndarray, det=None) -> None:
 def base_features(t: pd.DataFrame) -> np.ndarray:
     """The op's registered features of a frame."""
     from gemm_costmodel.serving import features as F
-    from gemm_costmodel.serving import hardware
+    from gemm_costmodel.kernels import hardware
 
     return F.from_frame(t, hardware.spec_for)
 

@@ -82,7 +82,7 @@ SHAPES = [(4096, 7168, 2304), (4096, 7168, 1152), (2048, 4608, 2304), (2048, 512
 def main() -> int:
     import pandas as pd
 
-    from gemm_costmodel.benchmarks.timing import GraphTimer, copies_for
+    from gemm_costmodel.kernels.timing import GraphTimer, copies_for
     from gemm_costmodel.kernels.fp8_blockscale import impl, space
 
     ap = argparse.ArgumentParser()

@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from gemm_costmodel.benchmarks.timing import GraphTimer
+from gemm_costmodel.kernels.timing import GraphTimer
 from gemm_costmodel.kernels.fp8_blockscale import impl as I
 from gemm_costmodel.kernels.fp8_blockscale import space as S
 from gemm_costmodel.serving import ops

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from gemm_costmodel.kernels.common import _device_index, _grouped_tile, launch_args, num_sms
-from gemm_costmodel.kernels.gemm import PERSISTENT_FLATTEN
+from gemm_costmodel.kernels.gemm.kernel import PERSISTENT_FLATTEN
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,7 @@ def persistent_run(ops, block_n, block_k, warps, per_sm, sms):
 
 def extra_gemv_configs():
     """Committed-kernel configs outside the space (BLOCK_K 4096, 2/16 warps, 2-3 stages)."""
-    from gemm_costmodel.kernels.gemm_configs import GemvConfig
+    from gemm_costmodel.kernels.gemm.space import GemvConfig
 
     out = [GemvConfig(1, bn, 4096, 1, w, 1) for bn in (1, 2, 4, 8) for w in (4, 8, 16)]
     out += [GemvConfig(1, bn, bk, 1, w, 1) for bn in (1, 2, 4) for bk in (1024, 2048) for w in (2, 16)]
@@ -111,18 +111,18 @@ def specialised_kernel(const: str = SPEC_CONST):
     import inspect
 
     from gemm_costmodel.benchmarks.kernel_variants import constexpr_copy
-    from gemm_costmodel.kernels import gemm_gemv
+    from gemm_costmodel.kernels.gemm import gemv as gemm_gemv
 
     if const == SPEC_CONST and "N: tl.constexpr" in inspect.getsource(gemm_gemv.gemv_kernel.fn):
         # The committed kernel is itself specialised now (this script's runs measured it before).
         return gemm_gemv.gemv_kernel
     return constexpr_copy(gemm_gemv.gemv_kernel, SPEC_RUNTIME, const,
-                          "from gemm_costmodel.kernels.gemm_gemv import _x_row, _store_row, _reduce_row")
+                          "from gemm_costmodel.kernels.gemm.gemv import _x_row, _store_row, _reduce_row")
 
 
 def spec_configs(space):
     """The space's unsplit GEMV configs and a few of Inductor's picks (16 warps, BLOCK_K 4096)."""
-    from gemm_costmodel.kernels.gemm_configs import GemvConfig
+    from gemm_costmodel.kernels.gemm.space import GemvConfig
 
     out = [c for c in space if c.split_k == 1]
     out += [GemvConfig(1, bn, bk, 1, w, 1) for bn, bk, w in ((1, 2048, 16), (1, 4096, 16), (2, 4096, 16),
@@ -167,7 +167,7 @@ def inductor_record(cache_dir: str, since: float) -> dict:
 def measure(m, n, k, timer, l2, sms, rounds, cache, which="wide"):
     from gemm_costmodel.benchmarks import correctness as C
     from gemm_costmodel.benchmarks.peers import time_rounds
-    from gemm_costmodel.kernels.gemm_configs import Problem, VendorConfig, feasible_configs
+    from gemm_costmodel.kernels.gemm.space import Problem, VendorConfig, feasible_configs
 
     p = Problem(m, n, k, "bf16")
     opsets, ref = C.operand_sets(p, 0, l2)
@@ -195,7 +195,7 @@ def measure(m, n, k, timer, l2, sms, rounds, cache, which="wide"):
             cands["spec_" + c.id] = (c, lambda c=c: spec_run(kern, c, first),
                                      lambda i, c=c: spec_run(kern, c, opsets[i]))
     if which == "speck":
-        from gemm_costmodel.kernels.gemm_configs import config_from_id
+        from gemm_costmodel.kernels.gemm.space import config_from_id
 
         for prefix, kern in (("spec_", specialised_kernel()), ("speck_", specialised_kernel(SPECK_CONST))):
             for c in map(config_from_id, SPECK_IDS):
@@ -261,7 +261,7 @@ def main(argv=None) -> int:
     if any(len(s) != 3 or s[0] != 1 for s in shapes):
         ap.error("--shapes: M,N,K triples with M = 1 (the persistent variant is M = 1 only)")
     from gemm_costmodel.benchmarks import provenance
-    from gemm_costmodel.benchmarks.timing import GraphTimer
+    from gemm_costmodel.kernels.timing import GraphTimer
 
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "gemv_inductor.jsonl")

@@ -17,7 +17,7 @@ import xgboost as xgb
 from gemm_costmodel.learning import pipeline
 from gemm_costmodel.learning.evaluate import families_of
 from gemm_costmodel.serving import features as F
-from gemm_costmodel.serving import hardware
+from gemm_costmodel.kernels import hardware
 
 op = sys.argv[1]
 df = pipeline.load_training_frame(op=op, **({"dtypes": ["bf16"], "gpus": ["NVIDIA H100 80GB HBM3"]} if op == "gemm" else {}))

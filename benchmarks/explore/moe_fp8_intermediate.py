@@ -28,7 +28,7 @@ import statistics
 import torch
 
 from gemm_costmodel import registry
-from gemm_costmodel.benchmarks.timing import GraphTimer
+from gemm_costmodel.kernels.timing import GraphTimer
 from gemm_costmodel.kernels.moe import impl
 from gemm_costmodel.serving import ops
 

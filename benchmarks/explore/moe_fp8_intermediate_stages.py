@@ -9,7 +9,7 @@ benchmarks/results/moe/fp8_intermediate/stage_diag_h100.jsonl.
 """
 import statistics, torch, json, os, sys
 from gemm_costmodel import registry
-from gemm_costmodel.benchmarks.timing import GraphTimer
+from gemm_costmodel.kernels.timing import GraphTimer
 from gemm_costmodel.kernels.moe import impl
 from gemm_costmodel.serving import ops
 def main():

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from gemm_costmodel.benchmarks import correctness as C
-from gemm_costmodel.benchmarks.timing import GraphTimer
+from gemm_costmodel.kernels.timing import GraphTimer
 from gemm_costmodel.kernels.moe import impl
 from gemm_costmodel.kernels.moe import space as S
 from gemm_costmodel.kernels.moe import suites as SU

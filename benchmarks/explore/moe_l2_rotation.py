@@ -24,7 +24,7 @@ import torch
 
 from gemm_costmodel import registry
 from gemm_costmodel.benchmarks import correctness as C
-from gemm_costmodel.benchmarks.timing import GraphTimer
+from gemm_costmodel.kernels.timing import GraphTimer
 from gemm_costmodel.kernels.moe import space as S
 from gemm_costmodel.kernels.moe import suites as SU
 

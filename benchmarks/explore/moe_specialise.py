@@ -20,7 +20,8 @@ import sys
 import torch
 
 from gemm_costmodel.benchmarks import correctness as C
-from gemm_costmodel.benchmarks import peers, timing
+from gemm_costmodel.benchmarks import peers
+from gemm_costmodel.kernels import timing
 from gemm_costmodel.benchmarks.kernel_variants import constexpr_copy
 from gemm_costmodel.kernels.moe import impl
 from gemm_costmodel.kernels.moe.space import Problem, config_from_id

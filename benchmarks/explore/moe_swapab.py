@@ -76,7 +76,7 @@ def main() -> int:
     import pandas as pd
 
     from gemm_costmodel.benchmarks.precompile import precompile
-    from gemm_costmodel.benchmarks.timing import GraphTimer, copies_for
+    from gemm_costmodel.kernels.timing import GraphTimer, copies_for
     from gemm_costmodel.kernels.moe import impl, space, suites
 
     ap = argparse.ArgumentParser()

@@ -9,8 +9,8 @@ import sys
 import torch
 
 from gemm_costmodel.serving import ops
-from gemm_costmodel.kernels.gemm_op import ERROR_BOUNDS, make_operands, reference
-from gemm_costmodel.kernels.gemm_configs import Problem
+from gemm_costmodel.kernels.gemm.impl import ERROR_BOUNDS, make_operands, reference
+from gemm_costmodel.kernels.gemm.space import Problem
 
 
 def rel(y, ref):

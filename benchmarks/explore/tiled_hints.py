@@ -32,11 +32,12 @@ import triton
 import triton.language as tl
 
 from gemm_costmodel.benchmarks import correctness as C
-from gemm_costmodel.benchmarks import peers, timing
+from gemm_costmodel.benchmarks import peers
+from gemm_costmodel.kernels import timing
 from gemm_costmodel.benchmarks.kernel_variants import constexpr_copy
-from gemm_costmodel.kernels import gemm
+from gemm_costmodel.kernels.gemm import kernel as gemm
 from gemm_costmodel.kernels.common import _grouped_tile
-from gemm_costmodel.kernels.gemm_configs import Problem, TiledConfig
+from gemm_costmodel.kernels.gemm.space import Problem, TiledConfig
 
 IMPORTS = "from gemm_costmodel.kernels.common import _grouped_tile, _mainloop"
 # (M, N, K) and the configs (block_m, block_n, block_k, warps, stages): Inductor's picks there.
@@ -170,12 +171,12 @@ def main():
         pick = (peers.parse_autotune(text) or [{}])[0]
         runs = {"inductor": (lambda: first.out.copy_(fn(first.x, first.w)), lambda i: fn(ops[i].x, ops[i].w))}
         if args.prefill:
-            from gemm_costmodel.kernels.gemm_configs import VendorConfig
+            from gemm_costmodel.kernels.gemm.space import VendorConfig
             runs["cublas"] = (lambda: first.run(VendorConfig()), lambda i: ops[i].run(VendorConfig()))
         for cfg in cfgs:
             tag = "m{}n{}k{}_w{}s{}".format(*cfg)
             if args.persistent:
-                from gemm_costmodel.kernels.gemm_configs import PersistentConfig
+                from gemm_costmodel.kernels.gemm.space import PersistentConfig
                 pc = PersistentConfig(cfg[0], cfg[1], cfg[2], 8, cfg[3], cfg[4])
                 go = persistent_nk_launcher(cfg)
                 runs[f"pers_{tag}"] = (lambda o=pc: first.run(o), lambda i, o=pc: ops[i].run(o))

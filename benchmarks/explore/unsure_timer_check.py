@@ -15,8 +15,8 @@ import triton.testing
 
 from gemm_costmodel import registry
 from gemm_costmodel.benchmarks import correctness as C
-from gemm_costmodel.benchmarks.timing import GraphTimer
-from gemm_costmodel.kernels.gemm_configs import Problem
+from gemm_costmodel.kernels.timing import GraphTimer
+from gemm_costmodel.kernels.gemm.space import Problem
 from gemm_costmodel.serving.runtime import Dispatcher
 
 SHAPES = [(m, n, k) for (n, k) in ((4096, 4096), (14336, 4096), (4096, 14336), (2048, 8192), (28672, 4096))
