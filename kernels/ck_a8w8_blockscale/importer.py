@@ -78,89 +78,82 @@ def _float(text, where, field, positive=False):
     return v
 
 
-def read_tuned(path: str, rel: str, commit: str = "") -> list[dict]:
-    """Rows of one tuned table (``rel``: its path in the AITER repository, for errors and provenance)."""
+def _records(path: str, rel: str, kind: str, required, empty_ok: bool = False):
+    """(name info, {column: index}, [(line, where, record)]) of one AITER table: its file name says
+    ``kind``, its header holds ``required``, every non-blank record has the header's width.
+    DataError names ``rel:line``. An empty file is no table unless ``empty_ok``."""
     info = parse_name(rel)
-    if info is None or info["kind"] != "tuned":
-        raise DataError(f"{rel}: not an a8w8 block-scale tuned GEMM table name")
-    rows = []
+    if info is None or info["kind"] != kind:
+        raise DataError(f"{rel}: not an a8w8 block-scale {kind} GEMM table name")
+    out = []
     with open(path, newline="") as fh:
         reader = csv.reader(fh)
         header = [h.strip() for h in next(reader, [])]
-        missing = [c for c in TUNED_COLUMNS if c not in header]
+        if not header and empty_ok:
+            return info, {}, out
+        missing = [c for c in required if c not in header]
         if missing:
             raise DataError(f"{rel}:1: header lacks {', '.join(missing)}")
-        col = {h: i for i, h in enumerate(header)}
         for rec in reader:
-            line = reader.line_num
             if not rec or all(not x.strip() for x in rec):
                 continue
-            where = f"{rel}:{line}"
+            where = f"{rel}:{reader.line_num}"
             if len(rec) != len(header):
                 raise DataError(f"{where}: {len(rec)} fields, the header has {len(header)}")
-            get = lambda f: rec[col[f]].strip()  # noqa: E731
-            cu = _int(get("cu_num"), where, "cu_num")
-            gfx = get("gfx") if "gfx" in col else space.ARCH_OF_CU.get(cu, "")
-            # No cross-check of gfx against cu_num: AITER notes gfx1250 also reports 256 CUs (its tuner
-            # writes the real arch); the cu_num -> arch map is only its backfill for tables without gfx.
-            if not gfx:
-                raise DataError(f"{where}: gfx: empty and cu_num {cu} has no known arch")
-            name = get("kernelName")
-            if not name:
-                raise DataError(f"{where}: kernelName: empty")
-            lib = get("libtype")
-            libs = LIBTYPES[info["layout"]]
-            if not lib or (libs is not None and lib not in libs):
-                raise DataError(f"{where}: libtype: {lib!r} is not one of {', '.join(libs or ('a non-empty name',))}")
-            if info["layout"] == "plain":  # the op's own kernels: the name must spell a tile
-                try:
-                    tile = space.tile_of(name)
-                except ValueError as exc:
-                    raise DataError(f"{where}: kernelName: {exc}") from None
-                if (tile.pipeline == "tile") != (lib == "cktile"):
-                    raise DataError(f"{where}: libtype: {lib!r} does not match kernelName {name!r}")
-            rows.append({
-                "op": space.OP, "arch": gfx, "cu_num": cu, "part": space.part_of(gfx, cu),
-                "m": _int(get("M"), where, "M"), "n": _int(get("N"), where, "N"), "k": _int(get("K"), where, "K"),
-                "dtype": "fp8", "layout": info["layout"], "libtype": lib,
-                "kernel_id": _int(get("kernelId"), where, "kernelId", lo=-1),
-                "split_k": _int(get("splitK"), where, "splitK", lo=0),
-                "candidate": name, "latency_us": _float(get("us"), where, "us", positive=True),
-                "tflops": _float(get("tflops"), where, "tflops") if "tflops" in col else float("nan"),
-                "bw_gbs": _float(get("bw"), where, "bw") if "bw" in col else float("nan"),
-                "err_ratio": _float(get("errRatio"), where, "errRatio") if "errRatio" in col else float("nan"),
-                "status": "ok", "source": "aiter", "family_file": info["family"] or "",
-                "source_repo": REPO, "source_commit": commit, "source_file": rel, "source_line": line})
+            out.append((reader.line_num, where, rec))
+    return info, {h: i for i, h in enumerate(header)}, out
+
+
+def read_tuned(path: str, rel: str, commit: str = "") -> list[dict]:
+    """Rows of one tuned table (``rel``: its path in the AITER repository, for errors and provenance)."""
+    info, col, records = _records(path, rel, "tuned", TUNED_COLUMNS)
+    rows = []
+    for line, where, rec in records:
+        get = lambda f: rec[col[f]].strip()  # noqa: E731
+        cu = _int(get("cu_num"), where, "cu_num")
+        gfx = get("gfx") if "gfx" in col else space.ARCH_OF_CU.get(cu, "")
+        # No cross-check of gfx against cu_num: AITER notes gfx1250 also reports 256 CUs (its tuner
+        # writes the real arch); the cu_num -> arch map is only its backfill for tables without gfx.
+        if not gfx:
+            raise DataError(f"{where}: gfx: empty and cu_num {cu} has no known arch")
+        name = get("kernelName")
+        if not name:
+            raise DataError(f"{where}: kernelName: empty")
+        lib = get("libtype")
+        libs = LIBTYPES[info["layout"]]
+        if not lib or (libs is not None and lib not in libs):
+            raise DataError(f"{where}: libtype: {lib!r} is not one of {', '.join(libs or ('a non-empty name',))}")
+        if info["layout"] == "plain":  # the op's own kernels: the name must spell a tile
+            try:
+                tile = space.tile_of(name)
+            except ValueError as exc:
+                raise DataError(f"{where}: kernelName: {exc}") from None
+            if (tile.pipeline == "tile") != (lib == "cktile"):
+                raise DataError(f"{where}: libtype: {lib!r} does not match kernelName {name!r}")
+        rows.append({
+            "op": space.OP, "arch": gfx, "cu_num": cu, "part": space.part_of(gfx, cu),
+            "m": _int(get("M"), where, "M"), "n": _int(get("N"), where, "N"), "k": _int(get("K"), where, "K"),
+            "dtype": "fp8", "layout": info["layout"], "libtype": lib,
+            "kernel_id": _int(get("kernelId"), where, "kernelId", lo=-1),
+            "split_k": _int(get("splitK"), where, "splitK", lo=0),
+            "candidate": name, "latency_us": _float(get("us"), where, "us", positive=True),
+            "tflops": _float(get("tflops"), where, "tflops") if "tflops" in col else float("nan"),
+            "bw_gbs": _float(get("bw"), where, "bw") if "bw" in col else float("nan"),
+            "err_ratio": _float(get("errRatio"), where, "errRatio") if "errRatio" in col else float("nan"),
+            "status": "ok", "source": "aiter", "family_file": info["family"] or "",
+            "source_repo": REPO, "source_commit": commit, "source_file": rel, "source_line": line})
     return rows
 
 
 def read_untuned(path: str, rel: str, commit: str = "") -> list[dict]:
-    """Shapes of one untuned table (M, N, K; extra columns are ignored)."""
-    info = parse_name(rel)
-    if info is None or info["kind"] != "untuned":
-        raise DataError(f"{rel}: not an a8w8 block-scale untuned GEMM table name")
-    rows = []
-    with open(path, newline="") as fh:
-        reader = csv.reader(fh)
-        header = [h.strip() for h in next(reader, [])]
-        if not header:  # AITER ships an empty untuned table (bpreshuffle): no shapes
-            return rows
-        missing = [c for c in ("M", "N", "K") if c not in header]
-        if missing:
-            raise DataError(f"{rel}:1: header lacks {', '.join(missing)}")
-        col = {h: i for i, h in enumerate(header)}
-        for rec in reader:
-            line = reader.line_num
-            if not rec or all(not x.strip() for x in rec):
-                continue
-            where = f"{rel}:{line}"
-            if len(rec) != len(header):
-                raise DataError(f"{where}: {len(rec)} fields, the header has {len(header)}")
-            rows.append({"op": space.OP, "m": _int(rec[col["M"]], where, "M"), "n": _int(rec[col["N"]], where, "N"),
-                         "k": _int(rec[col["K"]], where, "K"), "layout": info["layout"],
-                         "family_file": info["family"] or "", "source_repo": REPO, "source_commit": commit,
-                         "source_file": rel, "source_line": line})
-    return rows
+    """Shapes of one untuned table (M, N, K; extra columns are ignored). AITER ships an empty untuned
+    table (bpreshuffle): no shapes."""
+    info, col, records = _records(path, rel, "untuned", ("M", "N", "K"), empty_ok=True)
+    return [{"op": space.OP, "m": _int(rec[col["M"]], where, "M"), "n": _int(rec[col["N"]], where, "N"),
+             "k": _int(rec[col["K"]], where, "K"), "layout": info["layout"],
+             "family_file": info["family"] or "", "source_repo": REPO, "source_commit": commit,
+             "source_file": rel, "source_line": line}
+            for line, where, rec in records]
 
 
 def _sha256(path: str) -> str:
