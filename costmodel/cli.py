@@ -765,6 +765,39 @@ def cmd_export_vllm(args) -> int:
     return 0
 
 
+def cmd_describe_gpu(args) -> int:
+    import torch
+
+    from gemm_costmodel.kernels import hardware
+
+    if not torch.cuda.is_available():
+        print("describe-gpu: error: no CUDA device on this machine", file=sys.stderr)
+        return 2
+    try:
+        spec = hardware.describe_current(probe=args.probe)
+    except ValueError as exc:
+        print(f"describe-gpu: error: {exc}", file=sys.stderr)
+        return 2
+    known = hardware.lookup(spec.name)
+    entry = hardware.as_dict(spec)
+    print(json.dumps(entry, indent=1))
+    if known is not None:
+        print(f"(the table already has {spec.name!r} as {known.name}: {hardware.as_dict(known)})", file=sys.stderr)
+    if args.out:
+        entries = []
+        if os.path.isfile(args.out):
+            with open(args.out, encoding="utf-8") as fh:
+                entries = json.load(fh)
+            if not isinstance(entries, list):
+                print(f"describe-gpu: error: {args.out} holds no JSON list", file=sys.stderr)
+                return 2
+        entries = [e for e in entries if not (isinstance(e, dict) and e.get("name") == spec.name)] + [entry]
+        with open(args.out, "w", encoding="utf-8") as fh:
+            json.dump(entries, fh, indent=1)
+        print(f"wrote {args.out}; export COSTMODEL_GPU_SPECS={args.out}", file=sys.stderr)
+    return 0
+
+
 def cmd_results(args) -> int:
     """Print the results-at-a-glance table from the committed reports, or rewrite its block in a README."""
     from gemm_costmodel.learning import glance
@@ -1019,6 +1052,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--readme", default=None, help="rewrite the block between the results markers of this file")
     g.add_argument("--check", action="store_true", help="with --readme: only check; exit 2 if it differs")
     g.set_defaults(func=cmd_results)
+
+    h = sub.add_parser("describe-gpu", help="describe this machine's GPU by its numbers (SMs, shared memory, L2, "
+                                            "HBM bandwidth, tensor-core rate) for a card the hardware table lacks",
+                       description="Prints the current GPU as a hardware-table entry; --probe measures the copy "
+                                   "bandwidth and a bf16 matrix product (about a second) instead of trusting the "
+                                   "driver's clocks; --out writes (or updates) a COSTMODEL_GPU_SPECS file.")
+    h.add_argument("--probe", action="store_true", help="measure bandwidth and tensor-core rate (short probe)")
+    h.add_argument("--out", default=None, help="JSON file to write/update (a list of entries; point "
+                                               "COSTMODEL_GPU_SPECS at it)")
+    h.set_defaults(func=cmd_describe_gpu)
 
     r = sub.add_parser("run", help="main job: evaluate (report) + train + export on the shipped data, into a "
                                    f"work folder (default ./{RUN_OUT}/); about 8 minutes and 5 GiB on 2 cores",

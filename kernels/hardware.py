@@ -147,3 +147,116 @@ def spec_for(gpu_name: str) -> GpuSpec:
 def as_dict(spec: GpuSpec) -> dict:
     """The spec's fields, for manifests."""
     return asdict(spec)
+
+
+# -- a card by its numbers (issue 58) ---------------------------------------------------------------
+# Dense tensor-core FLOP per clock per SM, 16-bit inputs, by arch: the datasheet peaks are
+# SMs x boost clock x this (H100 SXM 132 x 1.83 GHz x 4096 = 989 TFLOP/s; A100 108 x 1.41 x 2048 = 312;
+# L40S 142 x 2.52 x 1024 = 366). fp8 runs at twice the 16-bit rate where the arch has it.
+_FLOP_PER_CLK_SM = {"sm80": 2048, "sm86": 1024, "sm87": 1024, "sm89": 1024, "sm90": 4096, "sm100": 8192,
+                    "sm120": 2048}
+_FP8_ARCHS = ("sm89", "sm90", "sm100", "sm120")
+# What a probe reaches of the datasheet figure on a card the table knows, so a probed number lands
+# on the table's scale (the features were fitted on datasheet figures): on one H200 a 1-4 GiB
+# device copy moved 4.26-4.30 TB/s read + write against 4.8 datasheet (benchmarks/results/peers/
+# h200-decode-probe/bandwidth.json), an 8192^3 bf16 product on random data 769-798 TFLOP/s against
+# 989 (the device notes).
+HBM_PROBE_FRACTION = 0.89
+MATMUL_PROBE_FRACTION = 0.80
+
+
+def probe_copy_gbps(device=None, nbytes: int = 1 << 31, reps: int = 10) -> float:
+    """Device copy bandwidth in GB/s, bytes read + written: ``reps`` back-to-back copies of an
+    ``nbytes`` buffer (far larger than any L2) between CUDA events, eagerly. Not through a CUDA graph:
+    a graph holds a plain device copy as a memcpy node, which ran at 2.77 TB/s on an H200 where the
+    same copy launched eagerly moved 4.26 TB/s (benchmarks/results/peers/h200-decode-probe/)."""
+    import torch
+
+    dev = torch.device("cuda", torch.cuda.current_device() if device is None else device)
+    a = torch.empty(nbytes // 4, dtype=torch.float32, device=dev).normal_()
+    b = torch.empty_like(a)
+    b.copy_(a)
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(reps):
+        b.copy_(a)
+    e.record()
+    e.synchronize()
+    us = s.elapsed_time(e) * 1e3 / reps
+    del a, b
+    return 2 * (nbytes // 4) * 4 / us / 1e3
+
+
+def probe_matmul_tflops(device=None, n: int = 8192, reps: int = 10) -> float:
+    """bf16 n^3 matrix product rate on random data (TFLOP/s), mean of ``reps`` after a warm-up."""
+    import torch
+
+    dev = torch.device("cuda", torch.cuda.current_device() if device is None else device)
+    a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+    for _ in range(3):
+        c = a @ b
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(reps):
+        c = a @ b
+    e.record()
+    e.synchronize()
+    del a, b, c
+    return 2 * n**3 / (s.elapsed_time(e) * 1e-3 / reps) / 1e12
+
+
+def describe(name: str, capability: tuple[int, int], props: dict, copy_gbps: float | None = None,
+             matmul_tflops: float | None = None) -> GpuSpec:
+    """A GpuSpec of a card the table lacks, from its numbers: ``props`` holds what the driver reports
+    (sm_count, smem_per_sm_bytes, l2_bytes, and where known clock_khz, memory_clock_khz,
+    memory_bus_bits); ``copy_gbps``/``matmul_tflops`` are probe readings (preferred; scaled to the
+    datasheet scale by the probe fractions above). A ValueError names what is missing."""
+    arch = f"sm{capability[0]}{capability[1]}"
+    for f in ("sm_count", "smem_per_sm_bytes", "l2_bytes"):
+        if not props.get(f):
+            raise ValueError(f"cannot describe {name!r}: the driver reported no {f}")
+    if copy_gbps:
+        hbm = copy_gbps / HBM_PROBE_FRACTION
+    elif props.get("memory_clock_khz") and props.get("memory_bus_bits"):
+        hbm = 2 * props["memory_clock_khz"] * 1e3 * props["memory_bus_bits"] / 8 / 1e9  # double data rate
+    else:
+        raise ValueError(f"cannot describe {name!r}: no memory bandwidth (probe it: costmodel describe-gpu --probe)")
+    if matmul_tflops:
+        t16 = matmul_tflops / MATMUL_PROBE_FRACTION
+    elif props.get("clock_khz") and arch in _FLOP_PER_CLK_SM:
+        t16 = props["sm_count"] * props["clock_khz"] * 1e3 * _FLOP_PER_CLK_SM[arch] / 1e12
+    else:
+        raise ValueError(f"cannot describe {name!r}: no tensor-core rate for {arch} (probe it: costmodel describe-gpu "
+                         "--probe)")
+    return GpuSpec(name=name, match=name, arch=arch, sm_count=int(props["sm_count"]),
+                   smem_per_sm_kb=props["smem_per_sm_bytes"] / 1024, l2_mb=props["l2_bytes"] / 2**20,
+                   tflops_16bit=round(t16, 1), tflops_fp8=round(2 * t16, 1) if arch in _FP8_ARCHS else 0.0,
+                   hbm_gbps=round(hbm))
+
+
+def current_props(device=None) -> tuple[str, tuple[int, int], dict]:
+    """(name, capability, driver numbers) of a CUDA device, as ``describe`` takes them (torch lazily;
+    attributes a torch build lacks are left out)."""
+    import torch
+
+    dev = torch.cuda.current_device() if device is None else device
+    p = torch.cuda.get_device_properties(dev)
+    props = {"sm_count": int(p.multi_processor_count),
+             "smem_per_sm_bytes": int(getattr(p, "shared_memory_per_multiprocessor", 0) or 0),
+             "l2_bytes": int(getattr(p, "L2_cache_size", 0) or 0)}
+    for ours, theirs in (("clock_khz", "clock_rate"), ("memory_clock_khz", "memory_clock_rate"),
+                         ("memory_bus_bits", "memory_bus_width")):
+        v = getattr(p, theirs, None)
+        if v:
+            props[ours] = int(v)
+    return torch.cuda.get_device_name(dev), tuple(torch.cuda.get_device_capability(dev)), props
+
+
+def describe_current(device=None, probe: bool = False) -> GpuSpec:
+    """The current CUDA device as a GpuSpec from its driver numbers, and with ``probe`` from a
+    short copy and matrix-product probe (about a second)."""
+    name, cap, props = current_props(device)
+    copy = probe_copy_gbps(device) if probe else None
+    mm = probe_matmul_tflops(device) if probe else None
+    return describe(name, cap, props, copy, mm)

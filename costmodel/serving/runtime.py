@@ -205,6 +205,25 @@ def current_gpu_properties(gpu_name: str) -> dict | None:
     return None
 
 
+def described_current_gpu(gpu_name: str):
+    """hardware.describe_current() of the current device if it is named gpu_name, else None (no
+    torch, no driver, or numbers missing). No timing: the driver's figures only (a probe is
+    `costmodel describe-gpu --probe`, whose file COSTMODEL_GPU_SPECS then names)."""
+    try:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.get_device_name(torch.cuda.current_device()) == gpu_name:
+            spec = hardware.describe_current()
+            warnings.warn(f"GPU {gpu_name!r} is not in the hardware table: described from its driver's numbers "
+                          f"({spec.sm_count} SMs, {spec.l2_mb:.0f} MB L2, {spec.hbm_gbps:.0f} GB/s, "
+                          f"{spec.tflops_16bit:.0f} TFLOP/s); `costmodel describe-gpu --probe --out F` and "
+                          "COSTMODEL_GPU_SPECS=F pin measured ones", DispatchWarning, stacklevel=3)
+            return spec
+    except Exception:  # noqa: BLE001 - an undescribable card keeps the fallback path
+        pass
+    return None
+
+
 def arch_of_capability(capability: tuple[int, int]) -> str:
     """'sm<major><minor>', the arch naming of the hardware table and the config spaces: (9, 0) -> 'sm90'."""
     major, minor = capability
@@ -480,6 +499,14 @@ class Dispatcher:
         # Measured numbers of a GPU missing from the table (the current device only): its shared
         # memory per block bounds the candidates, its SM count feeds the fallback rule.
         self.measured = None if self.spec is not None else current_gpu_properties(self.gpu_name)
+        # A card missing from the table but present here is described by its driver's numbers
+        # (SMs, shared memory, L2, clocks, memory bus), so the model, whose hardware features
+        # carry the card, still ranks for it (issue 58); None when they do not suffice.
+        self.described = None
+        if self.spec is None and self.measured is not None:
+            self.described = described_current_gpu(self.gpu_name)
+            if self.described is not None:
+                self.spec = self.described
         # Configs needing more shared memory per block than this card has cannot launch: masked
         # (None: unknown, the arch space's own bound applies).
         self.smem_per_block = (hardware.smem_per_block(self.spec) if self.spec is not None
