@@ -506,3 +506,40 @@ def test_cli_export_vllm_op_moe(tmp_path, models_dir, capsys):
         rc = cli_main(["export-vllm", *bad, "--models", models_dir, "--out", str(tmp_path / "bad")])
         assert_one_line_error(rc, capsys, needle)
     assert not (tmp_path / "bad").exists()
+
+
+# vLLM 0.33.0's device names per GPU: (fused-MoE file part, block-fp8 file part). Read from vLLM's
+# get_device_name_as_file_name and get_config_file_name (tests/test_vllm_loader.py checks this
+# list against vLLM's own functions when a vLLM source is present).
+DEVICE_NAMES = {
+    "NVIDIA H100 80GB HBM3": ("NVIDIA_H100_80GB_HBM3", "NVIDIA_H100_80GB_HBM3"),
+    "NVIDIA H100 PCIe": ("NVIDIA_H100_PCIe", "NVIDIA_H100_PCIe"),
+    "NVIDIA H100 NVL": ("NVIDIA_H100_NVL", "NVIDIA_H100_NVL"),
+    "NVIDIA H200": ("NVIDIA_H200", "NVIDIA_H200"),
+    "NVIDIA H200 NVL": ("NVIDIA_H200", "NVIDIA_H200_NVL"),  # MoE files: the H200 family reads H200's
+    "NVIDIA GH200 480GB": ("NVIDIA_GH200_480GB", "NVIDIA_GH200_480GB"),  # part 'GH200', not 'H200'
+    "NVIDIA H20": ("NVIDIA_H20", "NVIDIA_H20"),
+}
+
+
+@pytest.mark.parametrize("gpu", list(DEVICE_NAMES))
+def test_device_names_are_vllms(gpu):
+    moe, block = DEVICE_NAMES[gpu]
+    assert V.device_name(gpu, V.KIND_MOE) == moe
+    assert V.device_name(gpu, V.KIND_BLOCK_FP8) == block
+    assert V.moe_file_name(8, 7168, gpu) == f"E=8,N=7168,device_name={moe}.json"
+    assert V.file_name(256, 7168, gpu) == f"N=256,K=7168,device_name={block},dtype=fp8_w8a8,block_shape=[128,128].json"
+
+
+def test_h200_nvl_exports_the_names_vllm_reads(tmp_path, models_dir):
+    """--gpu "NVIDIA H200 NVL": the MoE file is H200's (vLLM maps the family), the block-fp8 one the NVL's."""
+    gpu = "NVIDIA H200 NVL"
+    out = tmp_path / "o"
+    assert cli_main(["export-vllm", "--op", "moe", "--moe", "8,7168,4096,2", "--gpu", gpu, "--models", models_dir,
+                     "--out", str(out)]) == 0
+    assert cli_main(["export-vllm", "--nk", "256,7168", "--gpu", gpu, "--models", models_dir, "--out", str(out)]) == 0
+    assert {p.name for p in out.iterdir()} == {
+        "E=8,N=7168,device_name=NVIDIA_H200.json",
+        "N=256,K=7168,device_name=NVIDIA_H200_NVL,dtype=fp8_w8a8,block_shape=[128,128].json", V.SIDECAR}
+    with pytest.raises(ValueError, match="kind"):
+        V.device_name(gpu, "dense")

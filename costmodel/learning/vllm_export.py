@@ -29,8 +29,11 @@ from dataclasses import dataclass, field
 from gemm_costmodel import registry
 from gemm_costmodel.kernels.fp8_blockscale.space import VLLM_FILE_NAME_RE as VLLM_BS_FILE_NAME
 from gemm_costmodel.kernels.moe.space import VLLM_FILE_NAME_RE as VLLM_MOE_FILE_NAME
-# vLLM's device name lives below the exporter: the ops' baselines read vLLM's files by it too.
-from gemm_costmodel.kernels.space_common import vllm_device_name as device_name
+# vLLM's device names live below the exporter: the ops' baselines read vLLM's files by them too.
+# The two kinds of file differ: the fused-MoE names map the H200 family to NVIDIA_H200, the
+# block-fp8 ones do not (kernels/vllm/names.py cites vLLM's functions).
+from gemm_costmodel.kernels.vllm.names import KIND_BLOCK_FP8, KIND_MOE
+from gemm_costmodel.kernels.vllm.names import device_name as vllm_device_name
 
 # The ops whose kernel vLLM runs from such files.
 SUPPORTED_OPS = ("fp8_blockscale", "moe")
@@ -56,6 +59,12 @@ SIDECAR_FORMAT = "gemm_costmodel.vllm_export/1"
 DEFAULT_GPU = "NVIDIA H100 80GB HBM3"
 
 
+def device_name(gpu_name: str, kind: str = KIND_BLOCK_FP8) -> str:
+    """The device part of vLLM 0.33.0's file name of this kind (KIND_MOE: fused MoE, whose H200
+    family reads NVIDIA_H200's files; KIND_BLOCK_FP8: block-fp8 linear) for a CUDA device name."""
+    return vllm_device_name(gpu_name, kind)
+
+
 def _space():
     return registry.get("fp8_blockscale").space_module()
 
@@ -69,7 +78,8 @@ def block_shape() -> tuple[int, int]:
 def file_name(n: int, k: int, gpu_name: str) -> str:
     """vLLM's file name of the (N, K) table for this GPU."""
     bn, bk = block_shape()
-    return f"N={n},K={k},device_name={device_name(gpu_name)},dtype={DTYPE_TAG},block_shape=[{bn},{bk}].json"
+    return (f"N={n},K={k},device_name={device_name(gpu_name, KIND_BLOCK_FP8)},dtype={DTYPE_TAG},"
+            f"block_shape=[{bn},{bk}].json")
 
 
 # A file name as file_name writes it (and vLLM reads it): N, K, device name. One definition of
@@ -316,7 +326,7 @@ def moe_file_name(e: int, n: int, gpu_name: str, dtype: str = "bf16") -> str:
     if dtype not in MOE_DTYPE_TAGS:
         raise ValueError(f"vLLM's fused-MoE files exist for dtypes {', '.join(MOE_DTYPE_TAGS)}, got {dtype!r}")
     tag = MOE_DTYPE_TAGS[dtype]
-    return f"E={e},N={n},device_name={device_name(gpu_name)}" + (f",dtype={tag}" if tag else "") + ".json"
+    return f"E={e},N={n},device_name={device_name(gpu_name, KIND_MOE)}" + (f",dtype={tag}" if tag else "") + ".json"
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,8 @@ def default_vllm_dir() -> str:
 def load_vllm_tables(folder: str | None = None, gpu_name: str = "NVIDIA H100 80GB HBM3") -> dict:
     """{(N, K): {M: config id}} of vLLM's tuned block-fp8 files for one GPU; {} when the folder
     is missing. A file whose entry is not in our space raises ValueError naming it."""
-    # vLLM's file naming, as the exporter writes it (one definition of it).
-    from ..space_common import vllm_device_name as device_name
+    # vLLM's block-fp8 device name (no H200 rule), as the exporter writes it (one definition of it).
+    from ..vllm.names import file_device_name as device_name
 
     FILE_NAME_RE = re.compile(space.VLLM_FILE_NAME_RE)
 

@@ -68,8 +68,8 @@ def load_vllm_tables(folder: str | None = None, gpu_name: str = DEFAULT_GPU, dty
     """{(E, N): {M: MoeTiledConfig}} of vLLM's fused-MoE files for one GPU and dtype (M keys in
     file order; non-numeric keys such as 'triton_version' skipped); {} when the folder is missing.
     A malformed entry raises ValueError naming the file and M."""
-    # vLLM's file naming, as the exporter writes it (one definition of it).
-    from ..space_common import vllm_device_name as device_name
+    # vLLM's fused-MoE device name (its H200 rule), as the exporter writes it (one definition of it).
+    from ..vllm.names import moe_device_name as device_name
 
     MOE_FILE_NAME_RE = re.compile(space.VLLM_FILE_NAME_RE)
 
