@@ -543,3 +543,85 @@ def test_h200_nvl_exports_the_names_vllm_reads(tmp_path, models_dir):
         "N=256,K=7168,device_name=NVIDIA_H200_NVL,dtype=fp8_w8a8,block_shape=[128,128].json", V.SIDECAR}
     with pytest.raises(ValueError, match="kind"):
         V.device_name(gpu, "dense")
+
+
+# -- --install / --dry-run: each kind where vLLM 0.33.0 reads it ------------------------------
+
+MOE_PKG_DIR = ("model_executor", "layers", "fused_moe", "configs")
+BLOCK_PKG_DIR = ("model_executor", "layers", "quantization", "utils", "configs")
+
+
+def _fake_vllm(tmp_path) -> Path:
+    pkg = tmp_path / "site" / "vllm"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    return pkg
+
+
+def test_install_writes_each_kind_where_vllm_reads_it(tmp_path, models_dir, monkeypatch, capsys):
+    monkeypatch.delenv("VLLM_TUNED_CONFIG_FOLDER", raising=False)
+    pkg = _fake_vllm(tmp_path)
+    base = ["--models", models_dir, "--install", "--vllm-package", str(pkg)]
+    assert cli_main(["export-vllm", "--op", "moe", "--moe", "8,7168,4096,2", *base]) == 0
+    assert cli_main(["export-vllm", "--nk", "256,7168", *base]) == 0
+    moe_dir, block_dir = pkg.joinpath(*MOE_PKG_DIR), pkg.joinpath(*BLOCK_PKG_DIR)
+    assert {p.name for p in moe_dir.iterdir()} == {V.moe_file_name(8, 7168, GPU), V.SIDECAR}
+    assert {p.name for p in block_dir.iterdir()} == {V.file_name(256, 7168, GPU), V.SIDECAR}
+    # With VLLM_TUNED_CONFIG_FOLDER set, MoE files go there (vLLM reads it first); block-fp8 do not.
+    user = tmp_path / "user"
+    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(user))
+    assert cli_main(["export-vllm", "--op", "moe", "--moe", "16,3200,4096,2", *base]) == 0
+    assert cli_main(["export-vllm", "--nk", "512,7168", *base]) == 0
+    assert {p.name for p in user.iterdir()} == {V.moe_file_name(16, 3200, GPU), V.SIDECAR}
+    assert V.file_name(512, 7168, GPU) in {p.name for p in block_dir.iterdir()}
+    capsys.readouterr()
+
+
+def test_dry_run_lists_every_file_and_writes_nothing(tmp_path, models_dir, monkeypatch, capsys):
+    monkeypatch.delenv("VLLM_TUNED_CONFIG_FOLDER", raising=False)
+    pkg = _fake_vllm(tmp_path)
+    block_dir = pkg.joinpath(*BLOCK_PKG_DIR)
+    block_dir.mkdir(parents=True)
+    shipped = block_dir / V.file_name(256, 7168, GPU)  # stands for a tuned file vLLM ships
+    shipped.write_text("{}\n")
+    argv = ["export-vllm", "--nk", "256,7168", "--nk", "5120,8960", "--models", models_dir, "--install",
+            "--vllm-package", str(pkg)]
+    assert cli_main([*argv, "--dry-run"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines == [f"would write {shipped} ({V.PLAN_FOREIGN})",
+                     f"would write {block_dir / V.file_name(5120, 8960, GPU)} ({V.PLAN_NEW})"]
+    assert [p.name for p in block_dir.iterdir()] == [shipped.name]
+    # Replacing a file no export wrote takes --force; then a later export replaces its own.
+    assert cli_main(argv) != 0
+    assert "--force" in capsys.readouterr().err and shipped.read_text() == "{}\n"
+    assert cli_main([*argv, "--force"]) == 0
+    capsys.readouterr()
+    assert cli_main([*argv, "--dry-run"]) == 0
+    assert all(line.endswith(f"({V.PLAN_EXPORT})") for line in capsys.readouterr().out.strip().splitlines())
+    # MoE dry run into VLLM_TUNED_CONFIG_FOLDER.
+    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(tmp_path / "user"))
+    assert cli_main(["export-vllm", "--op", "moe", "--moe", "8,7168,4096,2", "--gpu", "NVIDIA H200 NVL", "--install",
+                     "--dry-run"]) == 0
+    assert capsys.readouterr().out.strip() == \
+        f"would write {tmp_path / 'user' / 'E=8,N=7168,device_name=NVIDIA_H200.json'} ({V.PLAN_NEW})"
+    assert not (tmp_path / "user").exists()
+
+
+@pytest.mark.parametrize("case", ["no_vllm_block", "no_vllm_moe", "both", "package_without_install", "bad_package"])
+def test_install_errors_name_the_way_out(tmp_path, models_dir, monkeypatch, capsys, case):
+    from gemm_costmodel.kernels.vllm import source
+
+    monkeypatch.delenv("VLLM_TUNED_CONFIG_FOLDER", raising=False)
+    monkeypatch.setattr(source, "installed_package_dir", lambda: None)
+    argv, needles = {
+        "no_vllm_block": (["--nk", "256,7168", "--install"], ("no vLLM is installed", "--out DIR", "--vllm-package")),
+        "no_vllm_moe": (["--op", "moe", "--moe", "8,7168,4096,2", "--install"],
+                        ("no vLLM is installed", "--out DIR", "VLLM_TUNED_CONFIG_FOLDER")),
+        "both": (["--nk", "256,7168", "--install", "--out", str(tmp_path)], ("not both",)),
+        "package_without_install": (["--nk", "256,7168", "--vllm-package", str(tmp_path), "--out", str(tmp_path)],
+                                    ("--vllm-package is for --install",)),
+        "bad_package": (["--nk", "256,7168", "--install", "--vllm-package", str(tmp_path)], ("not a vllm package",)),
+    }[case]
+    assert cli_main(["export-vllm", "--models", models_dir, *argv]) != 0
+    err = capsys.readouterr().err
+    assert all(n in err for n in needles), err

@@ -527,3 +527,64 @@ def export_moe(specs, out_dir: str, gpu_name: str = DEFAULT_GPU, models_dir: str
     out = [(write_table(t, out_dir), t) for t in tables]
     write_sidecar(tables, d, out_dir)
     return out
+
+
+# -- Where the files go (``--install``, ``--dry-run``) -----------------------------------------
+#
+# vLLM 0.33.0 reads fused-MoE files from VLLM_TUNED_CONFIG_FOLDER, else its package's
+# fused_moe/configs/, and block-fp8 linear files only from its package's
+# quantization/utils/configs/ (kernels/vllm/source.py cites the functions). --install writes each
+# kind there. The package folders hold vLLM's own tuned files: replacing one that no export wrote
+# (none recorded in the folder's sidecar) takes --force, so an install never silently drops a
+# shipped tuning.
+
+# What a planned file would do to its folder.
+PLAN_NEW, PLAN_EXPORT, PLAN_FOREIGN = "new", "replaces an earlier export", "replaces a file no export wrote"
+
+
+def kind_of(op: str) -> str:
+    """The kind of vLLM file an op's export writes."""
+    check_op(op)
+    return KIND_MOE if op == "moe" else KIND_BLOCK_FP8
+
+
+def install_dir(op: str, package_dir: str | None = None, environ=None) -> str:
+    """The folder the installed vLLM (or the package folder given) reads op's files from;
+    ValueError naming --vllm-package / --out when it cannot be known."""
+    from gemm_costmodel.kernels.vllm import source
+
+    return source.install_dir(kind_of(op), package_dir, environ)
+
+
+def _exported_names(out_dir: str) -> set:
+    try:
+        with open(os.path.join(out_dir, SIDECAR), encoding="utf-8") as fh:
+            side = json.load(fh)
+        return set(side.get("files") or {}) if isinstance(side, dict) else set()
+    except (OSError, ValueError):
+        return set()
+
+
+def plan(names, out_dir: str) -> list[tuple[str, str]]:
+    """[(path, PLAN_NEW | PLAN_EXPORT | PLAN_FOREIGN)] of writing these file names into out_dir."""
+    ours = _exported_names(out_dir)
+    out = []
+    for name in dict.fromkeys(names):
+        path = os.path.join(out_dir, name)
+        out.append((path, PLAN_NEW if not os.path.exists(path) else PLAN_EXPORT if name in ours else PLAN_FOREIGN))
+    return out
+
+
+def check_plan(planned, force: bool = False) -> None:
+    """ValueError naming the files that would replace files no export wrote (unless force)."""
+    foreign = [p for p, what in planned if what == PLAN_FOREIGN]
+    if foreign and not force:
+        raise ValueError(f"{len(foreign)} file(s) would replace a file no export wrote (e.g. vLLM's own tuned file "
+                         f"{foreign[0]}); --dry-run lists them, --force replaces them")
+
+
+def planned_names(op: str, gpu_name: str, nk_pairs=(), moe_specs=(), dtype: str = "bf16") -> list[str]:
+    """The file names an export would write (without ranking anything)."""
+    if kind_of(op) == KIND_MOE:
+        return [moe_file_name(s.e, s.n, gpu_name, dtype) for s in moe_specs]
+    return [file_name(n, k, gpu_name) for n, k in nk_pairs]
