@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from gemm_costmodel.kernels.vllm import tables
 from gemm_costmodel.cli import main as cli_main
 from gemm_costmodel.kernels.fp8_blockscale import space as S
 from gemm_costmodel.learning import vllm_export as V
 from gemm_costmodel.serving.runtime import Choice, Dispatcher
 
 GPU = "NVIDIA H100 80GB HBM3"
-VLLM_DIR = Path(__file__).resolve().parents[2] / "shared" / "external" / "vllm_w8a8_block_fp8_configs"
+VLLM_DIR = Path(tables.tables_dir(tables.KIND_BLOCK_FP8))  # vLLM 0.33.0's tables, kept in the repository
 # vLLM's name of a w8a8 block-fp8 config file (written independently of V.FILE_NAME_RE).
 VLLM_NAME = re.compile(r"^N=(\d+),K=(\d+),device_name=(\S+),dtype=fp8_w8a8,block_shape=\[128,128\]\.json$")
 VLLM_KEYS = ["BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages"]
@@ -64,8 +65,7 @@ def _nearest(configs: dict, m: int) -> dict:
 def test_the_grid_is_vllms():
     assert list(V.VLLM_M_GRID) == sorted(V.VLLM_M_GRID)
     files = [p for p in _vllm_files() if "NVIDIA_H100_80GB_HBM3" in p.name]
-    if not files:
-        pytest.skip("vLLM's tuned files are not beside the repository")
+    assert files, "vLLM's tables belong in the repository (datasets/vllm/)"
     for p in files:
         assert [int(m) for m in json.loads(p.read_text())] == list(V.VLLM_M_GRID), p.name
 
@@ -286,7 +286,7 @@ def test_bad_inputs_exit_non_zero_with_one_line(tmp_path, models_dir, capsys, ca
 
 from gemm_costmodel.kernels.moe import space as MS  # noqa: E402
 
-MOE_DIR = Path(__file__).resolve().parents[2] / "shared" / "external" / "vllm_fused_moe_configs"
+MOE_DIR = Path(tables.tables_dir(tables.KIND_MOE))
 # vLLM's name of a fused-MoE config file (get_config_file_name; written independently of
 # V.MOE_FILE_NAME_RE): E, N, device, optional dtype, optional block shape.
 VLLM_MOE_NAME = re.compile(r"^E=(\d+),N=(\d+),device_name=([^,]+?)(?:,dtype=([^,]+?))?"
@@ -322,8 +322,7 @@ def test_moe_grid_is_vllms():
 
     assert V.VLLM_M_GRID == suites.VLLM_M_GRID
     files = [p for p in (sorted(MOE_DIR.glob("E=*NVIDIA_H100_80GB_HBM3.json")) if MOE_DIR.is_dir() else [])]
-    if not files:
-        pytest.skip("vLLM's fused-MoE files are not beside the repository")
+    assert files, "vLLM's tables belong in the repository (datasets/vllm/)"
     grids = [[int(m) for m in json.loads(p.read_text()) if m.isdigit()] for p in files]
     assert sum(g == list(V.VLLM_M_GRID) for g in grids) >= len(files) - 3  # all but E=1, E=32 (one key), E=64,N=1536
 

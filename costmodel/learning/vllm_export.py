@@ -40,7 +40,7 @@ SUPPORTED_OPS = ("fp8_blockscale", "moe")
 
 # vLLM's M grid: the keys of every w8a8 block-fp8 file tuned for NVIDIA_H100_80GB_HBM3 (and
 # NVIDIA_H200) in vLLM 0.33.0 (model_executor/layers/quantization/utils/configs/; copies in
-# ../shared/external/vllm_w8a8_block_fp8_configs/, all 46 files share these 18 keys).
+# datasets/vllm/0.33.0/w8a8_block_fp8_configs/, all 46 files share these 18 keys).
 VLLM_M_GRID = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
 
 # vLLM's dtype tag and block_shape ([block_n, block_k]) of the files: the op's scale groups.
