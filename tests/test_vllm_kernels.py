@@ -1,4 +1,4 @@
-"""vLLM 0.33.0's own Triton kernels (compiled from its source, gemm_costmodel.kernels.vllm.kernels)
+"""vLLM 0.33.0's own Triton kernels (compiled from its source, gemm_costmodel.kernels.moe.vllm_kernels)
 launched by our mirror of its host code, in the CPU interpreter (fp16/fp32: the interpreter
 computes garbage for bf16/fp8 dots), against the project's references: the fused-MoE layer on the
 sorted path, the per-pair path (M * top_k * 4 <= E) and the swapped-operand path, and the block-fp8
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gemm_costmodel.kernels.moe import impl
-from gemm_costmodel.kernels.vllm import kernels as VK
+from gemm_costmodel.kernels.moe import vllm_kernels as VK
 from gemm_costmodel.kernels.vllm import source
 
 SRC, WHY = source.find_source()

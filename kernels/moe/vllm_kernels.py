@@ -18,7 +18,9 @@ this repository), launched by our own functions that mirror vLLM 0.33.0's host c
   intermediate by the project's kernels; vLLM's ``ops.moe_sum`` as ``torch.sum``);
 - ``w8a8_block_fp8_matmul`` mirrors ``w8a8_triton_block_scaled_mm`` (grid, strides, config).
 
-The kernels' source is written to a module file (Triton reads a kernel's source from its file) in
+It lives with the MoE op (it uses the op's align, silu-and-mul and fp8 quantisation; the
+kernels/vllm/ package below it holds only vLLM's names, folders, tables and source access). The
+kernels' source is written to a module file (Triton reads a kernel's source from its file) in
 a private temp folder and imported from there; ``compile_kernels`` caches one module per source.
 """
 from __future__ import annotations
@@ -30,7 +32,7 @@ import os
 import sys
 import tempfile
 
-from . import source as S
+from ..vllm import source as S
 
 MOE_KERNEL = "fused_moe_kernel"
 BLOCK_FP8_KERNEL = "_w8a8_triton_block_scaled_mm"
@@ -133,7 +135,7 @@ def expert_assignment(topk_ids, block_m: int, num_experts: int):
     ``_prepare_expert_assignment`` returns them."""
     import torch
 
-    from ..moe import impl
+    from . import impl
 
     m, top_k = topk_ids.shape
     if naive_assignment(m, top_k, num_experts):
@@ -201,7 +203,7 @@ def fused_experts(mod, x, w1, w2, topk_weights, topk_ids, config: dict, *, w1_sc
     per-tensor static activation scales a1_scale, a2_scale (1,) (x in bf16, quantised here)."""
     import torch
 
-    from ..moe import impl
+    from . import impl
 
     fp8 = w1.dtype == torch.float8_e4m3fn
     M, hidden = x.shape
