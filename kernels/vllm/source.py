@@ -76,6 +76,7 @@ class Source:
     def __init__(self, where: str):
         self.where = where
         self._zip = zipfile.ZipFile(where) if os.path.isfile(where) else None
+        self.root = None  # the folder holding vllm/ (None for a wheel)
         if self._zip is None:
             root = where
             # A folder holding vllm/, or the vllm package folder itself.
