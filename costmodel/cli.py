@@ -747,15 +747,30 @@ def cmd_export_vllm(args) -> int:
                                  "name, hidden size K, experts per token), e.g. --moe 8,7168,4096,2")
             if not moe and not args.nk:
                 raise ValueError("give at least one --nk N,K (the weight's N x K), e.g. --nk 5120,8960")
-            if not args.out:
-                raise ValueError("give --out DIR, the folder for the vLLM files")
+            if args.out and args.install:
+                raise ValueError("give --out DIR or --install, not both")
+            if args.vllm_package and not args.install:
+                raise ValueError("--vllm-package is for --install")
+            if not args.out and not args.install:
+                raise ValueError("give --out DIR (a folder of your choice) or --install (where the installed vLLM "
+                                 "reads the files)")
+            specs = [V.parse_moe_spec(t) for t in args.moe] if moe else []
+            pairs = [] if moe else [V.parse_nk(t) for t in args.nk]
+            out = args.out or V.install_dir(args.op, args.vllm_package)
+            planned = V.plan(V.planned_names(args.op, args.gpu, pairs, specs, args.dtype or "bf16"), out)
+            if args.dry_run:
+                for path, what in planned:
+                    print(f"would write {path} ({what})")
+                if args.install and moe and not os.environ.get("VLLM_TUNED_CONFIG_FOLDER"):
+                    print("note: VLLM_TUNED_CONFIG_FOLDER is not set, so these go to vLLM's package folder; with it "
+                          "set (here and where vLLM runs) they go there instead", file=sys.stderr)
+                return 0
+            V.check_plan(planned, force=args.force)
             if moe:
-                specs = [V.parse_moe_spec(t) for t in args.moe]
-                written = V.export_moe(specs, args.out, gpu_name=args.gpu, models_dir=args.models,
+                written = V.export_moe(specs, out, gpu_name=args.gpu, models_dir=args.models,
                                        dtype=args.dtype or "bf16")
             else:
-                pairs = [V.parse_nk(t) for t in args.nk]
-                written = V.export(pairs, args.out, gpu_name=args.gpu, models_dir=args.models, op=args.op)
+                written = V.export(pairs, out, gpu_name=args.gpu, models_dir=args.models, op=args.op)
         except (OSError, ValueError) as exc:
             return _fail(str(exc))
     for w in caught:
@@ -1023,6 +1038,15 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--gpu", default="NVIDIA H100 80GB HBM3", help="GPU name, as CUDA names it (default: H100 SXM)")
     v.add_argument("--models", default=None, help="model folder (default: the shipped models)")
     v.add_argument("--out", default=None, help="folder for the vLLM files")
+    v.add_argument("--install", action="store_true",
+                   help="write where the installed vLLM reads them: MoE files to $VLLM_TUNED_CONFIG_FOLDER if set, "
+                        "else the package's fused_moe/configs/; block-fp8 files to the package's "
+                        "quantization/utils/configs/ (the only folder vLLM reads them from)")
+    v.add_argument("--vllm-package", default=None, metavar="DIR",
+                   help="--install: the vllm package folder (default: the one this Python imports)")
+    v.add_argument("--dry-run", action="store_true", help="list every file it would write and where; write nothing")
+    v.add_argument("--force", action="store_true",
+                   help="replace files no export wrote (e.g. vLLM's own tuned files); default: refuse")
     v.set_defaults(func=cmd_export_vllm)
 
     from gemm_costmodel import registry  # torch-free

@@ -42,6 +42,8 @@ class GpuSpec:
 _GPUS: list[GpuSpec] = [
     GpuSpec("GH200", "GH200 480GB|GH200 144G HBM3e|GH200", "sm90", 132, 228, 60, 989, 1979, 4000),
     GpuSpec("H200", "H200", "sm90", 132, 228, 60, 989, 1979, 4800),
+    # The PCIe card (600 W): the H200's memory, the H100 NVL's clocks (vendor's dense peaks).
+    GpuSpec("H200 NVL", "H200 NVL", "sm90", 132, 228, 60, 835, 1671, 4800),
     GpuSpec("H20", "H20", "sm90", 78, 228, 60, 148, 296, 4000),
     GpuSpec("H100 PCIe", "H100 PCIe", "sm90", 114, 228, 50, 756, 1513, 2000),
     GpuSpec("H100 NVL", "H100 NVL", "sm90", 132, 228, 50, 835, 1671, 3900),

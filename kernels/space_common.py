@@ -135,11 +135,6 @@ def param_arrays(configs, config_params, names) -> dict:
     return {p: np.array([r[p] for r in rows], dtype=np.int64) for p in names}
 
 
-def vllm_device_name(gpu_name: str) -> str:
-    """vLLM's device_name of a GPU: the CUDA device name with spaces replaced by '_'."""
-    return gpu_name.replace(" ", "_")
-
-
 def feasibility(ns: dict):
     """(problem_mask, check_feasible, feasible_configs) of an op's space module, from its globals
     (``ARCHS``, ``PROBLEM_RULES``, ``ConfigArrays``, ``config_params``, ``static_feasible``,

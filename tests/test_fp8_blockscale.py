@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from gemm_costmodel.kernels.vllm import tables
 from gemm_costmodel import registry
 from gemm_costmodel.kernels.fp8_blockscale import impl as I
 from gemm_costmodel.kernels.fp8_blockscale import space as S
 
-VLLM_DIR = Path(__file__).resolve().parents[2] / "shared" / "external" / "vllm_w8a8_block_fp8_configs"
+VLLM_DIR = Path(tables.tables_dir(tables.KIND_BLOCK_FP8))  # vLLM 0.33.0's tables, kept in the repository
 
 CONFIGS = [S.vllm_default(), S.BsTiledConfig(16, 32, 64, 1, 4, 3), S.BsTiledConfig(32, 64, 32, 16, 4, 3),
            S.BsSplitKConfig(16, 64, 128, 2, 4, 3), S.BsSplitKConfig(32, 32, 128, 2, 4, 4)]
@@ -172,8 +173,7 @@ def test_fp8_operands_dequantise_close_to_their_source():
 # -- the space ----------------------------------------------------------------------------
 
 def _vllm_files(device: str):
-    if not VLLM_DIR.is_dir():
-        pytest.skip(f"vLLM config files not found at {VLLM_DIR}")
+    assert VLLM_DIR.is_dir(), f"vLLM's tables belong in the repository: {VLLM_DIR}"
     files = sorted(VLLM_DIR.glob(f"N=*,K=*,device_name={device},dtype=fp8_w8a8,block_shape=[[]128,128[]].json"))
     assert len(files) == 23
     return files

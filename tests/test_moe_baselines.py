@@ -8,13 +8,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from gemm_costmodel.kernels.vllm import tables
 from gemm_costmodel import registry
 from gemm_costmodel.kernels.moe import baselines as B
 from gemm_costmodel.kernels.moe import space
 from gemm_costmodel.learning import evaluate as E
 
 H100 = "NVIDIA H100 80GB HBM3"
-VLLM_DIR = Path(__file__).resolve().parents[2] / "shared" / "external" / "vllm_fused_moe_configs"
+VLLM_DIR = Path(tables.tables_dir(tables.KIND_MOE))  # vLLM 0.33.0's tables, kept in the repository
 
 # Configs (all in our bf16 space but BAD): vLLM's defaults for E = 8 at M = 1, 40 and 5000, and
 # three entries of vLLM's H100 tuned files.
@@ -114,8 +115,7 @@ def test_load_tables_names_a_bad_entry(tmp_path):
 
 def test_shipped_h100_files_nearest_m():
     path = VLLM_DIR / "E=8,N=7168,device_name=NVIDIA_H100_80GB_HBM3.json"
-    if not path.is_file():
-        pytest.skip("vLLM's fused-MoE files are not beside the repository")
+    assert path.is_file(), f"vLLM's tables belong in the repository: {path}"
     raw = {int(k): v for k, v in json.loads(path.read_text()).items() if k.isdigit()}
     t = B.load_vllm_tables(str(VLLM_DIR), H100)
     assert (8, 7168) in t and (64, 8960) not in t  # dtype=bf16 files: vLLM never reads them

@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from gemm_costmodel.kernels.vllm import tables
 from gemm_costmodel.benchmarks import precompile
 from gemm_costmodel.kernels.moe import features as MF
 from gemm_costmodel.kernels.moe import routing as R
@@ -16,10 +17,9 @@ from gemm_costmodel.serving import features as F
 from gemm_costmodel.kernels import hardware
 from gemm_costmodel.serving.candidates import table
 
-VLLM_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "external", "vllm_fused_moe_configs")
+VLLM_DIR = tables.tables_dir(tables.KIND_MOE)  # vLLM 0.33.0's tables, kept in the repository
 
 
-@pytest.mark.skipif(not os.path.isdir(VLLM_DIR), reason="vLLM's tuned files are not beside the repository")
 def test_vllm_h100_tables_are_the_distinct_configs_of_vllms_files():
     want = {"bf16": set(), "fp8": set()}
     for path in glob.glob(os.path.join(VLLM_DIR, "*NVIDIA_H100_80GB_HBM3*.json")):

@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from gemm_costmodel.kernels.vllm import tables
 from gemm_costmodel.kernels.moe import routing as R
 from gemm_costmodel.kernels.moe import space
 from gemm_costmodel.kernels.moe import suites as S
 
-VLLM_DIR = Path(__file__).resolve().parents[2] / "shared" / "external" / "vllm_fused_moe_configs"
+VLLM_DIR = Path(tables.tables_dir(tables.KIND_MOE))  # vLLM 0.33.0's tables, kept in the repository
 DTYPES = ("bf16", "fp8")
 
 
@@ -261,8 +262,7 @@ def test_vllm_file_mapping_known_answers():
 
 def test_vllm_file_list_is_the_shipped_one():
     manifest = VLLM_DIR / "MANIFEST.csv"
-    if not manifest.is_file():
-        pytest.skip("vLLM's fused-MoE files are not beside the repository")
+    assert manifest.is_file(), f"vLLM's tables belong in the repository: {manifest}"
     rows = list(csv.DictReader(manifest.open()))
     for dtype, tag in (("bf16", ""), ("fp8", "fp8_w8a8")):
         shipped = sorted((int(r["E"]), int(r["N"])) for r in rows

@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from gemm_costmodel.kernels.vllm import tables
 from gemm_costmodel.cli import main as cli_main
 from gemm_costmodel.kernels.fp8_blockscale import space as S
 from gemm_costmodel.learning import vllm_export as V
 from gemm_costmodel.serving.runtime import Choice, Dispatcher
 
 GPU = "NVIDIA H100 80GB HBM3"
-VLLM_DIR = Path(__file__).resolve().parents[2] / "shared" / "external" / "vllm_w8a8_block_fp8_configs"
+VLLM_DIR = Path(tables.tables_dir(tables.KIND_BLOCK_FP8))  # vLLM 0.33.0's tables, kept in the repository
 # vLLM's name of a w8a8 block-fp8 config file (written independently of V.FILE_NAME_RE).
 VLLM_NAME = re.compile(r"^N=(\d+),K=(\d+),device_name=(\S+),dtype=fp8_w8a8,block_shape=\[128,128\]\.json$")
 VLLM_KEYS = ["BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages"]
@@ -64,8 +65,7 @@ def _nearest(configs: dict, m: int) -> dict:
 def test_the_grid_is_vllms():
     assert list(V.VLLM_M_GRID) == sorted(V.VLLM_M_GRID)
     files = [p for p in _vllm_files() if "NVIDIA_H100_80GB_HBM3" in p.name]
-    if not files:
-        pytest.skip("vLLM's tuned files are not beside the repository")
+    assert files, "vLLM's tables belong in the repository (datasets/vllm/)"
     for p in files:
         assert [int(m) for m in json.loads(p.read_text())] == list(V.VLLM_M_GRID), p.name
 
@@ -286,7 +286,7 @@ def test_bad_inputs_exit_non_zero_with_one_line(tmp_path, models_dir, capsys, ca
 
 from gemm_costmodel.kernels.moe import space as MS  # noqa: E402
 
-MOE_DIR = Path(__file__).resolve().parents[2] / "shared" / "external" / "vllm_fused_moe_configs"
+MOE_DIR = Path(tables.tables_dir(tables.KIND_MOE))
 # vLLM's name of a fused-MoE config file (get_config_file_name; written independently of
 # V.MOE_FILE_NAME_RE): E, N, device, optional dtype, optional block shape.
 VLLM_MOE_NAME = re.compile(r"^E=(\d+),N=(\d+),device_name=([^,]+?)(?:,dtype=([^,]+?))?"
@@ -322,8 +322,7 @@ def test_moe_grid_is_vllms():
 
     assert V.VLLM_M_GRID == suites.VLLM_M_GRID
     files = [p for p in (sorted(MOE_DIR.glob("E=*NVIDIA_H100_80GB_HBM3.json")) if MOE_DIR.is_dir() else [])]
-    if not files:
-        pytest.skip("vLLM's fused-MoE files are not beside the repository")
+    assert files, "vLLM's tables belong in the repository (datasets/vllm/)"
     grids = [[int(m) for m in json.loads(p.read_text()) if m.isdigit()] for p in files]
     assert sum(g == list(V.VLLM_M_GRID) for g in grids) >= len(files) - 3  # all but E=1, E=32 (one key), E=64,N=1536
 
@@ -506,3 +505,122 @@ def test_cli_export_vllm_op_moe(tmp_path, models_dir, capsys):
         rc = cli_main(["export-vllm", *bad, "--models", models_dir, "--out", str(tmp_path / "bad")])
         assert_one_line_error(rc, capsys, needle)
     assert not (tmp_path / "bad").exists()
+
+
+# vLLM 0.33.0's device names per GPU: (fused-MoE file part, block-fp8 file part). Read from vLLM's
+# get_device_name_as_file_name and get_config_file_name (tests/test_vllm_loader.py checks this
+# list against vLLM's own functions when a vLLM source is present).
+DEVICE_NAMES = {
+    "NVIDIA H100 80GB HBM3": ("NVIDIA_H100_80GB_HBM3", "NVIDIA_H100_80GB_HBM3"),
+    "NVIDIA H100 PCIe": ("NVIDIA_H100_PCIe", "NVIDIA_H100_PCIe"),
+    "NVIDIA H100 NVL": ("NVIDIA_H100_NVL", "NVIDIA_H100_NVL"),
+    "NVIDIA H200": ("NVIDIA_H200", "NVIDIA_H200"),
+    "NVIDIA H200 NVL": ("NVIDIA_H200", "NVIDIA_H200_NVL"),  # MoE files: the H200 family reads H200's
+    "NVIDIA GH200 480GB": ("NVIDIA_GH200_480GB", "NVIDIA_GH200_480GB"),  # part 'GH200', not 'H200'
+    "NVIDIA H20": ("NVIDIA_H20", "NVIDIA_H20"),
+}
+
+
+@pytest.mark.parametrize("gpu", list(DEVICE_NAMES))
+def test_device_names_are_vllms(gpu):
+    moe, block = DEVICE_NAMES[gpu]
+    assert V.device_name(gpu, V.KIND_MOE) == moe
+    assert V.device_name(gpu, V.KIND_BLOCK_FP8) == block
+    assert V.moe_file_name(8, 7168, gpu) == f"E=8,N=7168,device_name={moe}.json"
+    assert V.file_name(256, 7168, gpu) == f"N=256,K=7168,device_name={block},dtype=fp8_w8a8,block_shape=[128,128].json"
+
+
+def test_h200_nvl_exports_the_names_vllm_reads(tmp_path, models_dir):
+    """--gpu "NVIDIA H200 NVL": the MoE file is H200's (vLLM maps the family), the block-fp8 one the NVL's."""
+    gpu = "NVIDIA H200 NVL"
+    out = tmp_path / "o"
+    assert cli_main(["export-vllm", "--op", "moe", "--moe", "8,7168,4096,2", "--gpu", gpu, "--models", models_dir,
+                     "--out", str(out)]) == 0
+    assert cli_main(["export-vllm", "--nk", "256,7168", "--gpu", gpu, "--models", models_dir, "--out", str(out)]) == 0
+    assert {p.name for p in out.iterdir()} == {
+        "E=8,N=7168,device_name=NVIDIA_H200.json",
+        "N=256,K=7168,device_name=NVIDIA_H200_NVL,dtype=fp8_w8a8,block_shape=[128,128].json", V.SIDECAR}
+    with pytest.raises(ValueError, match="kind"):
+        V.device_name(gpu, "dense")
+
+
+# -- --install / --dry-run: each kind where vLLM 0.33.0 reads it ------------------------------
+
+MOE_PKG_DIR = ("model_executor", "layers", "fused_moe", "configs")
+BLOCK_PKG_DIR = ("model_executor", "layers", "quantization", "utils", "configs")
+
+
+def _fake_vllm(tmp_path) -> Path:
+    pkg = tmp_path / "site" / "vllm"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    return pkg
+
+
+def test_install_writes_each_kind_where_vllm_reads_it(tmp_path, models_dir, monkeypatch, capsys):
+    monkeypatch.delenv("VLLM_TUNED_CONFIG_FOLDER", raising=False)
+    pkg = _fake_vllm(tmp_path)
+    base = ["--models", models_dir, "--install", "--vllm-package", str(pkg)]
+    assert cli_main(["export-vllm", "--op", "moe", "--moe", "8,7168,4096,2", *base]) == 0
+    assert cli_main(["export-vllm", "--nk", "256,7168", *base]) == 0
+    moe_dir, block_dir = pkg.joinpath(*MOE_PKG_DIR), pkg.joinpath(*BLOCK_PKG_DIR)
+    assert {p.name for p in moe_dir.iterdir()} == {V.moe_file_name(8, 7168, GPU), V.SIDECAR}
+    assert {p.name for p in block_dir.iterdir()} == {V.file_name(256, 7168, GPU), V.SIDECAR}
+    # With VLLM_TUNED_CONFIG_FOLDER set, MoE files go there (vLLM reads it first); block-fp8 do not.
+    user = tmp_path / "user"
+    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(user))
+    assert cli_main(["export-vllm", "--op", "moe", "--moe", "16,3200,4096,2", *base]) == 0
+    assert cli_main(["export-vllm", "--nk", "512,7168", *base]) == 0
+    assert {p.name for p in user.iterdir()} == {V.moe_file_name(16, 3200, GPU), V.SIDECAR}
+    assert V.file_name(512, 7168, GPU) in {p.name for p in block_dir.iterdir()}
+    capsys.readouterr()
+
+
+def test_dry_run_lists_every_file_and_writes_nothing(tmp_path, models_dir, monkeypatch, capsys):
+    monkeypatch.delenv("VLLM_TUNED_CONFIG_FOLDER", raising=False)
+    pkg = _fake_vllm(tmp_path)
+    block_dir = pkg.joinpath(*BLOCK_PKG_DIR)
+    block_dir.mkdir(parents=True)
+    shipped = block_dir / V.file_name(256, 7168, GPU)  # stands for a tuned file vLLM ships
+    shipped.write_text("{}\n")
+    argv = ["export-vllm", "--nk", "256,7168", "--nk", "5120,8960", "--models", models_dir, "--install",
+            "--vllm-package", str(pkg)]
+    assert cli_main([*argv, "--dry-run"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines == [f"would write {shipped} ({V.PLAN_FOREIGN})",
+                     f"would write {block_dir / V.file_name(5120, 8960, GPU)} ({V.PLAN_NEW})"]
+    assert [p.name for p in block_dir.iterdir()] == [shipped.name]
+    # Replacing a file no export wrote takes --force; then a later export replaces its own.
+    assert cli_main(argv) != 0
+    assert "--force" in capsys.readouterr().err and shipped.read_text() == "{}\n"
+    assert cli_main([*argv, "--force"]) == 0
+    capsys.readouterr()
+    assert cli_main([*argv, "--dry-run"]) == 0
+    assert all(line.endswith(f"({V.PLAN_EXPORT})") for line in capsys.readouterr().out.strip().splitlines())
+    # MoE dry run into VLLM_TUNED_CONFIG_FOLDER.
+    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(tmp_path / "user"))
+    assert cli_main(["export-vllm", "--op", "moe", "--moe", "8,7168,4096,2", "--gpu", "NVIDIA H200 NVL", "--install",
+                     "--dry-run"]) == 0
+    assert capsys.readouterr().out.strip() == \
+        f"would write {tmp_path / 'user' / 'E=8,N=7168,device_name=NVIDIA_H200.json'} ({V.PLAN_NEW})"
+    assert not (tmp_path / "user").exists()
+
+
+@pytest.mark.parametrize("case", ["no_vllm_block", "no_vllm_moe", "both", "package_without_install", "bad_package"])
+def test_install_errors_name_the_way_out(tmp_path, models_dir, monkeypatch, capsys, case):
+    from gemm_costmodel.kernels.vllm import source
+
+    monkeypatch.delenv("VLLM_TUNED_CONFIG_FOLDER", raising=False)
+    monkeypatch.setattr(source, "installed_package_dir", lambda: None)
+    argv, needles = {
+        "no_vllm_block": (["--nk", "256,7168", "--install"], ("no vLLM is installed", "--out DIR", "--vllm-package")),
+        "no_vllm_moe": (["--op", "moe", "--moe", "8,7168,4096,2", "--install"],
+                        ("no vLLM is installed", "--out DIR", "VLLM_TUNED_CONFIG_FOLDER")),
+        "both": (["--nk", "256,7168", "--install", "--out", str(tmp_path)], ("not both",)),
+        "package_without_install": (["--nk", "256,7168", "--vllm-package", str(tmp_path), "--out", str(tmp_path)],
+                                    ("--vllm-package is for --install",)),
+        "bad_package": (["--nk", "256,7168", "--install", "--vllm-package", str(tmp_path)], ("not a vllm package",)),
+    }[case]
+    assert cli_main(["export-vllm", "--models", models_dir, *argv]) != 0
+    err = capsys.readouterr().err
+    assert all(n in err for n in needles), err

@@ -29,15 +29,18 @@ from dataclasses import dataclass, field
 from gemm_costmodel import registry
 from gemm_costmodel.kernels.fp8_blockscale.space import VLLM_FILE_NAME_RE as VLLM_BS_FILE_NAME
 from gemm_costmodel.kernels.moe.space import VLLM_FILE_NAME_RE as VLLM_MOE_FILE_NAME
-# vLLM's device name lives below the exporter: the ops' baselines read vLLM's files by it too.
-from gemm_costmodel.kernels.space_common import vllm_device_name as device_name
+# vLLM's device names live below the exporter: the ops' baselines read vLLM's files by them too.
+# The two kinds of file differ: the fused-MoE names map the H200 family to NVIDIA_H200, the
+# block-fp8 ones do not (kernels/vllm/names.py cites vLLM's functions).
+from gemm_costmodel.kernels.vllm.names import KIND_BLOCK_FP8, KIND_MOE
+from gemm_costmodel.kernels.vllm.names import device_name as vllm_device_name
 
 # The ops whose kernel vLLM runs from such files.
 SUPPORTED_OPS = ("fp8_blockscale", "moe")
 
 # vLLM's M grid: the keys of every w8a8 block-fp8 file tuned for NVIDIA_H100_80GB_HBM3 (and
 # NVIDIA_H200) in vLLM 0.33.0 (model_executor/layers/quantization/utils/configs/; copies in
-# ../shared/external/vllm_w8a8_block_fp8_configs/, all 46 files share these 18 keys).
+# datasets/vllm/0.33.0/w8a8_block_fp8_configs/, all 46 files share these 18 keys).
 VLLM_M_GRID = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
 
 # vLLM's dtype tag and block_shape ([block_n, block_k]) of the files: the op's scale groups.
@@ -56,6 +59,12 @@ SIDECAR_FORMAT = "gemm_costmodel.vllm_export/1"
 DEFAULT_GPU = "NVIDIA H100 80GB HBM3"
 
 
+def device_name(gpu_name: str, kind: str = KIND_BLOCK_FP8) -> str:
+    """The device part of vLLM 0.33.0's file name of this kind (KIND_MOE: fused MoE, whose H200
+    family reads NVIDIA_H200's files; KIND_BLOCK_FP8: block-fp8 linear) for a CUDA device name."""
+    return vllm_device_name(gpu_name, kind)
+
+
 def _space():
     return registry.get("fp8_blockscale").space_module()
 
@@ -69,7 +78,8 @@ def block_shape() -> tuple[int, int]:
 def file_name(n: int, k: int, gpu_name: str) -> str:
     """vLLM's file name of the (N, K) table for this GPU."""
     bn, bk = block_shape()
-    return f"N={n},K={k},device_name={device_name(gpu_name)},dtype={DTYPE_TAG},block_shape=[{bn},{bk}].json"
+    return (f"N={n},K={k},device_name={device_name(gpu_name, KIND_BLOCK_FP8)},dtype={DTYPE_TAG},"
+            f"block_shape=[{bn},{bk}].json")
 
 
 # A file name as file_name writes it (and vLLM reads it): N, K, device name. One definition of
@@ -316,7 +326,7 @@ def moe_file_name(e: int, n: int, gpu_name: str, dtype: str = "bf16") -> str:
     if dtype not in MOE_DTYPE_TAGS:
         raise ValueError(f"vLLM's fused-MoE files exist for dtypes {', '.join(MOE_DTYPE_TAGS)}, got {dtype!r}")
     tag = MOE_DTYPE_TAGS[dtype]
-    return f"E={e},N={n},device_name={device_name(gpu_name)}" + (f",dtype={tag}" if tag else "") + ".json"
+    return f"E={e},N={n},device_name={device_name(gpu_name, KIND_MOE)}" + (f",dtype={tag}" if tag else "") + ".json"
 
 
 @dataclass(frozen=True)
@@ -517,3 +527,64 @@ def export_moe(specs, out_dir: str, gpu_name: str = DEFAULT_GPU, models_dir: str
     out = [(write_table(t, out_dir), t) for t in tables]
     write_sidecar(tables, d, out_dir)
     return out
+
+
+# -- Where the files go (``--install``, ``--dry-run``) -----------------------------------------
+#
+# vLLM 0.33.0 reads fused-MoE files from VLLM_TUNED_CONFIG_FOLDER, else its package's
+# fused_moe/configs/, and block-fp8 linear files only from its package's
+# quantization/utils/configs/ (kernels/vllm/source.py cites the functions). --install writes each
+# kind there. The package folders hold vLLM's own tuned files: replacing one that no export wrote
+# (none recorded in the folder's sidecar) takes --force, so an install never silently drops a
+# shipped tuning.
+
+# What a planned file would do to its folder.
+PLAN_NEW, PLAN_EXPORT, PLAN_FOREIGN = "new", "replaces an earlier export", "replaces a file no export wrote"
+
+
+def kind_of(op: str) -> str:
+    """The kind of vLLM file an op's export writes."""
+    check_op(op)
+    return KIND_MOE if op == "moe" else KIND_BLOCK_FP8
+
+
+def install_dir(op: str, package_dir: str | None = None, environ=None) -> str:
+    """The folder the installed vLLM (or the package folder given) reads op's files from;
+    ValueError naming --vllm-package / --out when it cannot be known."""
+    from gemm_costmodel.kernels.vllm import source
+
+    return source.install_dir(kind_of(op), package_dir, environ)
+
+
+def _exported_names(out_dir: str) -> set:
+    try:
+        with open(os.path.join(out_dir, SIDECAR), encoding="utf-8") as fh:
+            side = json.load(fh)
+        return set(side.get("files") or {}) if isinstance(side, dict) else set()
+    except (OSError, ValueError):
+        return set()
+
+
+def plan(names, out_dir: str) -> list[tuple[str, str]]:
+    """[(path, PLAN_NEW | PLAN_EXPORT | PLAN_FOREIGN)] of writing these file names into out_dir."""
+    ours = _exported_names(out_dir)
+    out = []
+    for name in dict.fromkeys(names):
+        path = os.path.join(out_dir, name)
+        out.append((path, PLAN_NEW if not os.path.exists(path) else PLAN_EXPORT if name in ours else PLAN_FOREIGN))
+    return out
+
+
+def check_plan(planned, force: bool = False) -> None:
+    """ValueError naming the files that would replace files no export wrote (unless force)."""
+    foreign = [p for p, what in planned if what == PLAN_FOREIGN]
+    if foreign and not force:
+        raise ValueError(f"{len(foreign)} file(s) would replace a file no export wrote (e.g. vLLM's own tuned file "
+                         f"{foreign[0]}); --dry-run lists them, --force replaces them")
+
+
+def planned_names(op: str, gpu_name: str, nk_pairs=(), moe_specs=(), dtype: str = "bf16") -> list[str]:
+    """The file names an export would write (without ranking anything)."""
+    if kind_of(op) == KIND_MOE:
+        return [moe_file_name(s.e, s.n, gpu_name, dtype) for s in moe_specs]
+    return [file_name(n, k, gpu_name) for n, k in nk_pairs]

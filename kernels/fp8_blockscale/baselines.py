@@ -4,9 +4,9 @@ by the registry's ``baselines`` entry, never on the serving path).
 - ``vllm_tuned``: what vLLM 0.33.0 runs. For an (N, K) with a tuned file for the GPU, the
   entry of the nearest M key (``min(keys, key=lambda x: abs(x - M))``, vLLM's lookup), run in
   our kernel (every entry is in our space); for any other (N, K), vLLM's default config.
-  The files are read from COSTMODEL_VLLM_BLOCK_FP8_CONFIGS (default: the folder
-  ``shared/external/vllm_w8a8_block_fp8_configs`` beside the repository); without them the
-  baseline is left out, with a message.
+  The files are read from COSTMODEL_VLLM_BLOCK_FP8_CONFIGS (default: the repository's copy of
+  vLLM's tables, ``datasets/vllm/0.33.0/w8a8_block_fp8_configs/``); without them the baseline is
+  left out, with a message.
 - ``hand_heuristic``: a seed-002-style rule (AITER's a8w8 block-scale fallback): 7 arms on
   (M*N, K), each choosing one config from a small fixed set, fitted on the fold's training
   shapes only (``fit_arms``).
@@ -27,16 +27,17 @@ ENV_VLLM_DIR = "COSTMODEL_VLLM_BLOCK_FP8_CONFIGS"
 
 
 def default_vllm_dir() -> str:
-    here = os.path.dirname(os.path.abspath(__file__))
-    return os.path.normpath(os.path.join(here, "..", "..", "..", "shared", "external",
-                                         "vllm_w8a8_block_fp8_configs"))
+    """vLLM 0.33.0's block-fp8 tables kept in the repository (datasets/vllm/0.33.0/w8a8_block_fp8_configs/)."""
+    from ..vllm import tables
+
+    return tables.tables_dir(tables.KIND_BLOCK_FP8)
 
 
 def load_vllm_tables(folder: str | None = None, gpu_name: str = "NVIDIA H100 80GB HBM3") -> dict:
     """{(N, K): {M: config id}} of vLLM's tuned block-fp8 files for one GPU; {} when the folder
     is missing. A file whose entry is not in our space raises ValueError naming it."""
-    # vLLM's file naming, as the exporter writes it (one definition of it).
-    from ..space_common import vllm_device_name as device_name
+    # vLLM's block-fp8 device name (no H200 rule), as the exporter writes it (one definition of it).
+    from ..vllm.names import file_device_name as device_name
 
     FILE_NAME_RE = re.compile(space.VLLM_FILE_NAME_RE)
 

@@ -9,7 +9,7 @@ PROBLEM_RULES, problem_mask, check_feasible, feasible_configs, space_hash, stati
 plus ``vllm_default()``, ``from_vllm(entry)`` and the fallback rule ``choose``.
 
 The space contains vLLM's default config and every config of vLLM's H100 tuned files
-(../shared/external/vllm_w8a8_block_fp8_configs/, tests/test_fp8_blockscale.py checks it).
+(datasets/vllm/0.33.0/w8a8_block_fp8_configs/, tests/test_fp8_blockscale.py checks it).
 dtypes: "fp8" is the op; "fp16"/"fp32" operands (same scale layout) exist only for the
 Triton CPU interpreter tests, which compute garbage for fp8/bf16 dots.
 """

@@ -16,7 +16,7 @@ from gemm_costmodel.kernels.shapes import M_GRID, Shape, nk_pairs
 
 # The (N, K) of vLLM 0.33.0's tuned w8a8 block-fp8 files (DeepSeek-V3 layers at its TP
 # degrees): the union of the 23 H100 and 23 H200 files
-# (../shared/external/vllm_w8a8_block_fp8_configs/MANIFEST.csv).
+# (datasets/vllm/0.33.0/w8a8_block_fp8_configs/MANIFEST.csv).
 VLLM_TUNED_NK = (
     (256, 7168), (512, 7168), (576, 7168), (1536, 1536), (1536, 7168), (2048, 512), (2112, 7168),
     (2304, 7168), (3072, 1536), (3072, 7168), (4096, 512), (4096, 7168), (4608, 7168), (7168, 128),

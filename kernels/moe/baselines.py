@@ -9,8 +9,8 @@ layer, so its picks for the gate_up and the down stage of a layer are the same c
 - ``vllm_tuned``: for a shape whose (E, N = I, dtype) has a tuned file for the GPU (I = n / 2 for
   gate_up, I = k for down), the entry of the nearest M key (vLLM's lookup,
   ``min(keys, key=lambda x: abs(x - M))``); else vLLM's default. The files are read from
-  COSTMODEL_VLLM_FUSED_MOE_CONFIGS (default: the folder ``shared/external/vllm_fused_moe_configs``
-  beside the repository), bf16 = no dtype part (vLLM's name for bf16 and fp16), fp8 =
+  COSTMODEL_VLLM_FUSED_MOE_CONFIGS (default: the repository's copy of vLLM's tables,
+  ``datasets/vllm/0.33.0/fused_moe_configs/``), bf16 = no dtype part (vLLM's name for bf16 and fp16), fp8 =
   ``dtype=fp8_w8a8`` without a block shape; without them the baseline is left out.
 
 Not comparable: a tuned pick outside our space (five configs of vLLM's H100 bf16 files exceed our
@@ -39,8 +39,10 @@ REPORT_METHODS = ("model", "oracle", "vllm_default", "vllm_tuned")
 
 
 def default_vllm_dir() -> str:
-    here = os.path.dirname(os.path.abspath(__file__))
-    return os.path.normpath(os.path.join(here, "..", "..", "..", "shared", "external", "vllm_fused_moe_configs"))
+    """vLLM 0.33.0's fused-MoE tables kept in the repository (datasets/vllm/0.33.0/fused_moe_configs/)."""
+    from ..vllm import tables
+
+    return tables.tables_dir(tables.KIND_MOE)
 
 
 def vllm_dtype_tag(dtype: str) -> str | None:
@@ -68,8 +70,8 @@ def load_vllm_tables(folder: str | None = None, gpu_name: str = DEFAULT_GPU, dty
     """{(E, N): {M: MoeTiledConfig}} of vLLM's fused-MoE files for one GPU and dtype (M keys in
     file order; non-numeric keys such as 'triton_version' skipped); {} when the folder is missing.
     A malformed entry raises ValueError naming the file and M."""
-    # vLLM's file naming, as the exporter writes it (one definition of it).
-    from ..space_common import vllm_device_name as device_name
+    # vLLM's fused-MoE device name (its H200 rule), as the exporter writes it (one definition of it).
+    from ..vllm.names import moe_device_name as device_name
 
     MOE_FILE_NAME_RE = re.compile(space.VLLM_FILE_NAME_RE)
 

@@ -264,7 +264,7 @@ def _merge(shapes: Iterable[MoeShape]) -> list[MoeShape]:
 # them: bf16 = no dtype part (vLLM's get_config_dtype_str is None for bf16/fp16), fp8 =
 # ``dtype=fp8_w8a8`` without a block_shape (per-tensor scales). Not read by vLLM, so not here:
 # ``dtype=bf16`` (E=64/128, N=8960), ``dtype=float8`` (E=16, N=3072/7168). Checked against
-# ../shared/external/vllm_fused_moe_configs/MANIFEST.csv by tests/test_moe_suites.py.
+# datasets/vllm/0.33.0/fused_moe_configs/MANIFEST.csv by tests/test_moe_suites.py.
 VLLM_H100_FILES = {
     "bf16": ((1, 3072), (8, 1792), (8, 2048), (8, 3584), (8, 4096), (8, 7168), (16, 1344), (16, 1792),
              (16, 2688), (32, 1792), (62, 256), (62, 512), (64, 320), (64, 640), (64, 1280), (64, 1536),

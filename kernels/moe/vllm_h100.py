@@ -2,7 +2,7 @@
 dtype part; fp8: ``dtype=fp8_w8a8`` and ``dtype=float8``, per-tensor scales), as (BLOCK_SIZE_M,
 BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, num_warps, num_stages). vLLM's tuner searched 1,920
 configs per M for each file; these are its picks over every tuned (E, N, M). Generated from
-../shared/external/vllm_fused_moe_configs/; tests/test_moe_space.py checks it against the files."""
+datasets/vllm/0.33.0/fused_moe_configs/; tests/test_moe_space.py checks it against the files."""
 
 BF16 = (
     (16, 32, 64, 1, 4, 2), (16, 32, 64, 1, 4, 3), (16, 32, 64, 1, 4, 4), (16, 32, 64, 16, 4, 2),
