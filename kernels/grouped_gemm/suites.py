@@ -20,7 +20,7 @@ Suites (``suite(dtype) -> [ProblemShape]``):
   routing (cycling through routing.SKEWED per point), 6 problems each;
 - ``eval`` (``eval_suite``): every held-out family at its EVAL_POINT, ``balanced`` and ``zipf``;
 - ``gate`` (``gate_suite``): the GPU correctness gate's odd shapes (M = 7, 33, 1000; N and K
-  off every multiple of 8, so the vendor sits out; E = 1, 3, 8 with empty groups); never in the
+  off the tiles, some off every multiple of 8 too; E = 1, 3, 8 with empty groups); never in the
   dataset.
 
 ``sweep_estimate`` says how long measuring every candidate of a suite takes on an H200 (a
@@ -125,9 +125,11 @@ def eval_suite(dtype: str = "bf16") -> list[ProblemShape]:
     return _merge(out)
 
 
-# (E, N, K): N and K off every multiple of 8 (no vendor) and of the tiles; E = 1 (a dense GEMM),
-# E = 3 and 8 with real2, whose Dirichlet draw leaves groups without tokens at these M.
-GATE_LAYERS = ((1, 200, 136), (3, 333, 517), (8, 1000, 260))
+# (E, N, K): off the tiles; (3, 333, 517) and (8, 1000, 260) off every multiple of 8 too (no
+# vendor), (1, 200, 136) and (8, 512, 256) the vendor's, so it is gated on a dense GEMM and on
+# empty groups; E = 1 (a dense GEMM), E = 3 and 8 with real2, whose Dirichlet draw leaves groups
+# without tokens at these M.
+GATE_LAYERS = ((1, 200, 136), (3, 333, 517), (8, 1000, 260), (8, 512, 256))
 GATE_M = (7, 33, 1000)
 GATE_ROUTINGS = ("balanced", "real2")
 
