@@ -275,3 +275,11 @@ def test_grouped_linear_traces_under_torch_compile():
     T.grouped_linear(x, w, offs).square().sum().backward()
     torch.testing.assert_close(gx, x.grad)
     torch.testing.assert_close(gw, w.grad)
+
+
+def test_precompile_probe_compiles_the_same_kernels():
+    for p in (S.Problem(32768, 5760, 2880, "bf16", 16, "fwd"), S.Problem(4096, 1000, 260, "bf16", 3, "dgrad", "zipf")):
+        q = S.probe_problem(p)
+        assert S.specialisation(q) == S.specialisation(p)
+        for bk in (64, 128):
+            assert (q.k % bk == 0) == (p.k % bk == 0) and (q.n % bk == 0) == (p.n % bk == 0)

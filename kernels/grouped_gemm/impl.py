@@ -118,7 +118,7 @@ def _rows_tile(t, pid_s, a_ptr, b_ptr, c_ptr, N_OUT, RED, stride_am, stride_bg, 
         tl.atomic_add(c_ptrs, acc, mask=mask, sem="relaxed")
 
 
-@triton.jit(do_not_specialize=["M"])
+@triton.jit(do_not_specialize=["M", "G"])
 def _gg_rows_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N_OUT, RED, G,
                     stride_am, stride_bg, stride_bk, stride_bn, stride_cm,
                     G_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -189,7 +189,7 @@ def _wgrad_tile(t, pid_s, dy_ptr, x_ptr, c_ptr, offs_ptr, N, K, stride_dym, stri
         tl.atomic_add(c_ptrs, acc, mask=mask, sem="relaxed")
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["G"])
 def _gg_wgrad_kernel(dy_ptr, x_ptr, c_ptr, offs_ptr, N, K, G, stride_dym, stride_xm, stride_cg, stride_cn,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                      SPLIT_K: tl.constexpr, PERSISTENT: tl.constexpr):

@@ -349,11 +349,16 @@ def choose_problem(problem: Problem, sm_count: int = 132, arch: str = "sm90", in
 
 # -- precompile (benchmarks/precompile.py asks the space module of a problem's op) -----------
 
+# The largest block_k: EVEN_K (fwd: K % block_k == 0, dgrad: N % block_k) is a constexpr.
+_K_ALIGN = 128
+
+
 def specialisation(p: Problem) -> tuple:
-    """What the kernels compile per, besides the config: the pass, the dtype, divisibility by 16 of
-    N and K (Triton specialises the integer arguments and strides on it), and the padded group
-    count (a constexpr of the tile schedule)."""
-    return (p.dtype, p.stage, p.n % 16, p.k % 16, _pad_groups(p.e))
+    """What the kernels compile per, besides the config: the pass, the dtype, N and K modulo the
+    largest block_k (Triton specialises the integer arguments and strides on divisibility by 16;
+    EVEN_K on block_k), and the padded group count (a constexpr of the tile schedule; M and G
+    themselves are not specialised on)."""
+    return (p.dtype, p.stage, p.n % _K_ALIGN, p.k % _K_ALIGN, _pad_groups(p.e))
 
 
 def _pad_groups(e: int) -> int:
@@ -361,6 +366,6 @@ def _pad_groups(e: int) -> int:
 
 
 def probe_problem(p: Problem) -> Problem:
-    """A tiny problem compiling to the same kernels as p: N and K congruent mod 32, the same E
-    (padded group count), pass and dtype."""
-    return Problem(3, 32 + p.n % 32, 32 + p.k % 32, p.dtype, p.e, p.stage, "balanced")
+    """A small problem compiling to the same kernels as p: N and K congruent modulo the largest
+    block_k, the same E (padded group count), pass and dtype."""
+    return Problem(3, _K_ALIGN + p.n % _K_ALIGN, _K_ALIGN + p.k % _K_ALIGN, p.dtype, p.e, p.stage, "balanced")
