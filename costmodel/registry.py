@@ -239,6 +239,7 @@ REGISTRY: dict[str, OpSpec] = {
                         "imbalance", "log2_reduction", "log2_reduction_max", "log2_tiles_real", "pad_real",
                         "waves_real", "wave_efficiency_real", "log2_k_steps_max", "log2_t_flops_us",
                         "log2_t_bytes_us"),
+        baselines="gemm_costmodel.kernels.grouped_gemm.baselines:picks",
         features="gemm_costmodel.kernels.grouped_gemm.features"),
     # AMD's CK a8w8 block-scale GEMM (AITER's gemm_a8w8_blockscale): a classifier over named CK kernels
     # learned from AITER's published tuning tables; nothing is timed or launched here

@@ -283,3 +283,20 @@ def test_precompile_probe_compiles_the_same_kernels():
         assert S.specialisation(q) == S.specialisation(p)
         for bk in (64, 128):
             assert (q.k % bk == 0) == (p.k % bk == 0) and (q.n % bk == 0) == (p.n % bk == 0)
+
+
+def test_report_section_per_pass_and_per_step():
+    import pandas as pd
+
+    from gemm_costmodel.kernels.grouped_gemm import baselines as B
+
+    rows = []
+    for method, f in (("model", 1.0), ("best_static", 1.1)):
+        for stage in S.STAGES:
+            for routing in ("balanced", "zipf"):
+                rows.append(dict(gpu_name="H200", dtype="bf16", m=4096, n=512, k=256, e=8, routing=routing,
+                                 stage=stage, method=method, pick_us=10.0 * f, oracle_us=10.0, cublas_us=11.0))
+    text = B.report_section(pd.DataFrame(rows))
+    assert "| wgrad" in text and "skewed" in text and "geomean 1.100x" in text
+    assert B.picks(None, None) == {}
+    assert "lack the columns" in B.report_section(pd.DataFrame({"method": ["model"]}))
