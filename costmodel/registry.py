@@ -225,6 +225,22 @@ REGISTRY: dict[str, OpSpec] = {
         # extra suffix scoring is cheap (docs/decisions/065-moe-model-defaults.md).
         cascade={"keep": 64},
         features="gemm_costmodel.kernels.moe.features"),
+    # MoE training's expert GEMMs (docs/ops/grouped_gemm.md): fwd, dgrad and wgrad (the problem's stage) over
+    # E groups of routed tokens; the routing is part of the problem. Vendor: torch._grouped_mm.
+    "grouped_gemm": OpSpec(
+        name="grouped_gemm", dtypes=("bf16",), space="gemm_costmodel.kernels.grouped_gemm.space",
+        impl="gemm_costmodel.kernels.grouped_gemm.impl", problem_fields=("m", "n", "k", "dtype", "e", "stage", "routing"),
+        fixed={"top_k": 1}, vendor_ids=("grouped_mm",), default_config="ggpers_m128n128k64_g8_w8s4",
+        fallback="gemm_costmodel.kernels.grouped_gemm.space:choose", split_key=("n", "k"),
+        suites={"train": "gemm_costmodel.kernels.grouped_gemm.suites:training_suite",
+                "eval": "gemm_costmodel.kernels.grouped_gemm.suites:eval_suite",
+                "gate": "gemm_costmodel.kernels.grouped_gemm.suites:gate_suite"},
+        extra_features=("stage_fwd", "stage_dgrad", "stage_wgrad", "log2_tpg_mean", "log2_tpg_max", "empty_fraction",
+                        "imbalance", "log2_reduction", "log2_reduction_max", "log2_tiles_real", "pad_real",
+                        "waves_real", "wave_efficiency_real", "log2_k_steps_max", "log2_t_flops_us",
+                        "log2_t_bytes_us"),
+        baselines="gemm_costmodel.kernels.grouped_gemm.baselines:picks",
+        features="gemm_costmodel.kernels.grouped_gemm.features"),
     # AMD's CK a8w8 block-scale GEMM (AITER's gemm_a8w8_blockscale): a classifier over named CK kernels
     # learned from AITER's published tuning tables; nothing is timed or launched here
     # (docs/ops/ck_a8w8_blockscale.md). dtypes: fp8 operands, bf16/fp16 output: one decision for all

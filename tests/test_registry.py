@@ -22,8 +22,9 @@ ARCHS = ("sm90", "sm80")
 
 def _problem(spec, m, n, k, dtype):
     fields = dict(m=m, n=n, k=k, dtype=dtype)
-    if "stage" in spec.problem_fields:  # MoE: 4 experts, top-2; gate_up needs an even N (gate and up)
-        fields.update(e=4, top_k=2, stage="gate_up" if n % 2 == 0 else "down", routing="zipf")
+    if "stage" in spec.problem_fields:  # 4 experts (MoE: top-2; its gate_up, stage 0, needs an even N)
+        stages = spec.space_module().STAGES
+        fields.update(e=4, top_k=2, stage=stages[n % len(stages)], routing="zipf")
     return spec.problem(**{f: v for f, v in fields.items() if f in spec.problem_fields})
 
 

@@ -83,9 +83,11 @@ def per_shape(ev: pd.DataFrame, score: np.ndarray) -> pd.DataFrame:
     tri = t[t["candidate"] != vendor]
     out["triton_pick_us"] = tri.groupby("sid")["p50_us"].first().reindex(out.index)
     out["triton_oracle_us"] = tri.groupby("sid")["p50_us"].min().reindex(out.index)
-    # An op without pinned E and top_k (MoE) also carries them and its extra fields (stage, routing).
+    # An op without pinned E and top_k (MoE), or with extra fields (grouped_gemm's pass and routing), also
+    # carries E, top_k and its extra fields (stage, routing).
     spec = op_of(ev)
-    extra = [] if spec.fixed else [c for c in ("e", "top_k", *spec.extra_problem_fields()) if c in ev.columns]
+    extra = [] if spec.fixed and not spec.extra_problem_fields() else [
+        c for c in ("e", "top_k", *spec.extra_problem_fields()) if c in ev.columns]
     meta = ev.drop_duplicates("sid").set_index("sid")[["gpu_name", "dtype", "m", "n", "k", "family", "origins",
                                                        *extra]]
     out = out.join(meta)
