@@ -28,7 +28,12 @@ the fraction of the copy bandwidth reached (flagged above FLOOR_FRACTION_MAX: im
 as a row with its status. Rows are JSON lines in OUT/peers.jsonl (resumed: shapes already there
 are skipped); OUT/summary.json and OUT/summary.md summarise them (``summarize``).
 
-    python -m gemm_costmodel.benchmarks.peers --out DIR [--time-budget S] [--shapes CSV] [--dtype bf16]
+    python -m gemm_costmodel.benchmarks.peers --out DIR [--time-budget S] [--suite default|heldout | --shapes CSV]
+        [--dtype bf16|fp16|fp8]
+
+fp8 is per-tensor e4m3 (scale_a, scale_b; bf16 out): cuBLAS is ``torch._scaled_mm`` and Inductor
+max-autotune compiles the same ``torch._scaled_mm`` call (its scaled-mm templates against the
+extern kernel).
 """
 from __future__ import annotations
 
@@ -58,6 +63,36 @@ def default_suite(dtype: str = "bf16") -> list[tuple[int, int, int, str]]:
     out = [(m, n, k, dtype) for n, k in SUITE_NK for m in SUITE_M]
     out += [(1, n, k, dtype) for n, k in EXTRA_M1_NK]
     return out
+
+
+# The held-out suite: 13 shapes (M 1-2048, as issue 63's run) of families outside the training
+# families (kernels/shapes.py TRAINING_FAMILIES; a test checks none of these weights is a training
+# layer's), from their published configs: Qwen3-32B (hidden 5120, 64 heads, 8 KV heads of 128,
+# intermediate 25600), Gemma-3-27B (hidden 5376, 32 heads, 16 KV heads of 128, intermediate 21504)
+# and Llama-2-7B (hidden 4096, 32 heads, 32 KV heads, intermediate 11008), at TP 1.
+HELDOUT_SHAPES = (
+    (1, 51200, 5120),    # Qwen3-32B gate_up, 500 MB
+    (1, 10240, 5120),    # Qwen3-32B qkv
+    (1, 5376, 21504),    # Gemma-3-27B down, 220 MB
+    (1, 8192, 5376),     # Gemma-3-27B qkv
+    (1, 22016, 4096),    # Llama-2-7B gate_up
+    (2, 5120, 25600),    # Qwen3-32B down
+    (2, 4096, 11008),    # Llama-2-7B down
+    (4, 8192, 5376),     # Gemma-3-27B qkv (Qwen3-32B o_proj, 5120x8192, is a training layer's shape)
+    (16, 43008, 5376),   # Gemma-3-27B gate_up
+    (64, 12288, 4096),   # Llama-2-7B qkv
+    (256, 5376, 4096),   # Gemma-3-27B o_proj
+    (1024, 10240, 5120),  # Qwen3-32B qkv
+    (2048, 5120, 25600),  # Qwen3-32B down
+)
+
+
+def heldout_suite(dtype: str = "bf16") -> list[tuple[int, int, int, str]]:
+    """(M, N, K, dtype) of the held-out suite (HELDOUT_SHAPES)."""
+    return [(m, n, k, dtype) for m, n, k in HELDOUT_SHAPES]
+
+
+SUITES = {"default": default_suite, "heldout": heldout_suite}
 
 
 def read_shapes(path: str, dtype: str) -> list[tuple[int, int, int, str]]:
@@ -506,7 +541,10 @@ def measure_shape(m, n, k, dtype, d, timer, l2, gbps, rounds: int = DEFAULT_ROUN
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--shapes", help="CSV with columns m,n,k[,dtype] (default: the built-in suite)")
+    ap.add_argument("--shapes", help="CSV with columns m,n,k[,dtype] (default: the --suite)")
+    ap.add_argument("--suite", default="default", choices=sorted(SUITES),
+                    help="built-in suite: default (training-family weights, 43 shapes) or heldout (13 shapes of "
+                         "families outside training)")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp8"])
     ap.add_argument("--limit", type=int, default=0, help="first N shapes only")
     ap.add_argument("--time-budget", type=float, default=0, help="stop between shapes after this many seconds")
@@ -520,7 +558,7 @@ def main(argv=None) -> int:
     if args.rounds < 1:
         ap.error(f"--rounds must be >= 1, got {args.rounds}")
     try:
-        shapes = read_shapes(args.shapes, args.dtype) if args.shapes else default_suite(args.dtype)
+        shapes = read_shapes(args.shapes, args.dtype) if args.shapes else SUITES[args.suite](args.dtype)
     except (OSError, ValueError) as exc:
         print(f"peers: error: {exc}", file=sys.stderr)
         return 2

@@ -250,3 +250,14 @@ def test_summarize_flags_an_impossible_floor_and_recomputes_from_the_copy():
     assert "m1_big_weights_min_copy_fraction" not in s  # a 32 MB weight: below the 64 MB of the acceptance
     # Without a copy bandwidth, the rows' own fractions (9.9 here) are read.
     assert P.summarize(rows)["floor_check"] == "failed"
+
+
+def test_heldout_suite_is_outside_the_training_layers_and_spans_m():
+    suite = P.heldout_suite("bf16")
+    assert len(suite) == 13 and min(m for m, *_ in suite) == 1 and max(m for m, *_ in suite) == 2048
+    pairs = S.nk_pairs()
+    assert not [(n, k) for _, n, k, _ in suite if (n, k) in pairs]
+    assert sum(1 for m, *_ in suite if m == 1) == 5 and sum(1 for m, *_ in suite if m == 2) == 2
+    # fp8 (per-tensor, torch._scaled_mm) needs N and K divisible by 16.
+    assert all(n % 16 == 0 and k % 16 == 0 for _, n, k, _ in P.heldout_suite("fp8"))
+    assert set(P.SUITES) == {"default", "heldout"}
