@@ -261,3 +261,14 @@ def test_heldout_suite_is_outside_the_training_layers_and_spans_m():
     # fp8 (per-tensor, torch._scaled_mm) needs N and K divisible by 16.
     assert all(n % 16 == 0 and k % 16 == 0 for _, n, k, _ in P.heldout_suite("fp8"))
     assert set(P.SUITES) == {"default", "heldout"}
+
+
+def test_readme_peers_block_is_regenerated_from_the_committed_run():
+    text = "a\n" + P.PEERS_BEGIN + "\nstale\n" + P.PEERS_END + "\nb\n"
+    new = P.rewrite_readme(text)
+    assert "stale" not in new and new.startswith("a\n" + P.PEERS_BEGIN) and new.endswith(P.PEERS_END + "\nb\n")
+    assert "| run15 | H100 80GB HBM3 | 43 | **1.046x** |" in new  # docs/peers.md, run 15
+    with pytest.raises(ValueError, match="no peers block"):
+        P.rewrite_readme("no markers")
+    readme = open("README.md", encoding="utf-8").read()
+    assert P.rewrite_readme(readme) == readme  # the README's block is current
