@@ -21,12 +21,19 @@ card heats. Inductor's pick
 two cuBLAS calls reads as one.
 
 Also: our cold decision time (``clear_cache`` then ``select``, median of 5) and warm ``select``, the
-device copy bandwidth once (a 1 GiB copy, read + write bytes / time, same timer) and per shape
-the HBM floor = (weight + x + y bytes) / copy bandwidth. A failed gate or a compile error stays
+device copy bandwidth once (``copy_bandwidth``: 2 GiB a side, read + write bytes / time, the
+same timer, an SM kernel's copy, checked against the card's datasheet) and per shape the HBM
+floor = (weight + x + y bytes) / copy bandwidth, so floor / time = bytes / time / copy bandwidth,
+the fraction of the copy bandwidth reached (flagged above FLOOR_FRACTION_MAX: impossible). A failed gate or a compile error stays
 as a row with its status. Rows are JSON lines in OUT/peers.jsonl (resumed: shapes already there
 are skipped); OUT/summary.json and OUT/summary.md summarise them (``summarize``).
 
-    python -m gemm_costmodel.benchmarks.peers --out DIR [--time-budget S] [--shapes CSV] [--dtype bf16]
+    python -m gemm_costmodel.benchmarks.peers --out DIR [--time-budget S] [--suite default|heldout | --shapes CSV]
+        [--dtype bf16|fp16|fp8]
+
+fp8 is per-tensor e4m3 (scale_a, scale_b; bf16 out): cuBLAS is ``torch._scaled_mm`` and Inductor
+max-autotune compiles the same ``torch._scaled_mm`` call (its scaled-mm templates against the
+extern kernel).
 """
 from __future__ import annotations
 
@@ -56,6 +63,36 @@ def default_suite(dtype: str = "bf16") -> list[tuple[int, int, int, str]]:
     out = [(m, n, k, dtype) for n, k in SUITE_NK for m in SUITE_M]
     out += [(1, n, k, dtype) for n, k in EXTRA_M1_NK]
     return out
+
+
+# The held-out suite: 13 shapes (M 1-2048, as issue 63's run) of families outside the training
+# families (kernels/shapes.py TRAINING_FAMILIES; a test checks none of these weights is a training
+# layer's), from their published configs: Qwen3-32B (hidden 5120, 64 heads, 8 KV heads of 128,
+# intermediate 25600), Gemma-3-27B (hidden 5376, 32 heads, 16 KV heads of 128, intermediate 21504)
+# and Llama-2-7B (hidden 4096, 32 heads, 32 KV heads, intermediate 11008), at TP 1.
+HELDOUT_SHAPES = (
+    (1, 51200, 5120),    # Qwen3-32B gate_up, 500 MB
+    (1, 10240, 5120),    # Qwen3-32B qkv
+    (1, 5376, 21504),    # Gemma-3-27B down, 220 MB
+    (1, 8192, 5376),     # Gemma-3-27B qkv
+    (1, 22016, 4096),    # Llama-2-7B gate_up
+    (2, 5120, 25600),    # Qwen3-32B down
+    (2, 4096, 11008),    # Llama-2-7B down
+    (4, 8192, 5376),     # Gemma-3-27B qkv (Qwen3-32B o_proj, 5120x8192, is a training layer's shape)
+    (16, 43008, 5376),   # Gemma-3-27B gate_up
+    (64, 12288, 4096),   # Llama-2-7B qkv
+    (256, 5376, 4096),   # Gemma-3-27B o_proj
+    (1024, 10240, 5120),  # Qwen3-32B qkv
+    (2048, 5120, 25600),  # Qwen3-32B down
+)
+
+
+def heldout_suite(dtype: str = "bf16") -> list[tuple[int, int, int, str]]:
+    """(M, N, K, dtype) of the held-out suite (HELDOUT_SHAPES)."""
+    return [(m, n, k, dtype) for m, n, k in HELDOUT_SHAPES]
+
+
+SUITES = {"default": default_suite, "heldout": heldout_suite}
 
 
 def read_shapes(path: str, dtype: str) -> list[tuple[int, int, int, str]]:
@@ -191,12 +228,32 @@ def time_rounds(runs: dict, timer, n_copies: int, rounds: int) -> dict:
     return out
 
 
-def summarize(rows: list[dict]) -> dict:
+# The acceptance's M = 1 roofline check (issue 63) counts weights of at least this many bytes.
+BIG_WEIGHT_BYTES = 64 * 2**20
+
+
+def summarize(rows: list[dict], copy_gbps: float | None = None) -> dict:
     """Speedups of the dispatched kernel (time of the peer / ours, > 1 = we are faster) over the rows
     where both were timed ok: geomean overall and per M bucket, the worst shape vs Inductor, the
-    shapes more than 3% slower than Inductor, every M = 1 shape, compile and decision times."""
+    shapes more than 3% slower than Inductor, every M = 1 shape, compile and decision times. With
+    ``copy_gbps`` (the run's meta.json) every fraction of the copy bandwidth is computed from it
+    (copy_fraction), else read from the rows; one above FLOOR_FRACTION_MAX is listed as impossible
+    and ``floor_check`` says "failed"."""
     ok = [r for r in rows if r.get("dispatched_us") and r.get("inductor_us") and r.get("cublas_us")]
     out = {"shapes": len(rows), "shapes_compared": len(ok)}
+
+    def frac(r, label):
+        us = r.get(f"{label}_us")
+        if not us:
+            return None
+        if copy_gbps:
+            return copy_fraction(r.get("bytes") or shape_bytes(r["m"], r["n"], r["k"], r["dtype"]), us, copy_gbps)
+        return r.get(f"{label}_floor_fraction")
+
+    bad = [{"shape": shape_key(r["m"], r["n"], r["k"], r["dtype"]), "contender": c, "fraction": f}
+           for r in rows for c in CONTENDERS if (f := frac(r, c)) is not None and f > FLOOR_FRACTION_MAX]
+    out["floor_impossible"] = bad
+    out["floor_check"] = "failed" if bad else "ok"
     if not ok:
         return out
     vs_ind = {shape_key(r["m"], r["n"], r["k"], r["dtype"]): r["inductor_us"] / r["dispatched_us"] for r in ok}
@@ -222,8 +279,15 @@ def summarize(rows: list[dict]) -> dict:
         out["inductor_picks_known"] = len(picks)
     out["m1"] = [{"shape": shape_key(r["m"], r["n"], r["k"], r["dtype"]), "dispatched": r["dispatched"],
                   "dispatched_us": r["dispatched_us"], "inductor_us": r["inductor_us"], "cublas_us": r["cublas_us"],
-                  "floor_fraction": r.get("dispatched_floor_fraction")} for r in ok if r["m"] == 1]
+                  "weight_bytes": r["n"] * r["k"] * _dtype_bytes(r["dtype"]),
+                  "floor_fraction": frac(r, "dispatched"), "inductor_floor_fraction": frac(r, "inductor")}
+                 for r in ok if r["m"] == 1]
     out["m1_at_least_as_fast_as_inductor"] = all(x["dispatched_us"] <= x["inductor_us"] for x in out["m1"])
+    big = [x["floor_fraction"] for x in out["m1"] if x["weight_bytes"] >= BIG_WEIGHT_BYTES and x["floor_fraction"]]
+    if big:
+        out["m1_big_weights_min_copy_fraction"] = min(big)
+    m2 = [r for r in ok if r["m"] == 2]
+    out["m2_at_least_as_fast_as_inductor"] = all(r["dispatched_us"] <= r["inductor_us"] for r in m2)
     comp = [r["inductor_compile_s"] for r in rows if r.get("inductor_compile_s") is not None]
     dec = [r["cold_decision_us"] for r in rows if r.get("cold_decision_us") is not None]
     if comp:
@@ -233,11 +297,24 @@ def summarize(rows: list[dict]) -> dict:
     return out
 
 
+def _dtype_bytes(dtype: str) -> int:
+    from gemm_costmodel.kernels.gemm.space import DTYPE_BYTES
+
+    return DTYPE_BYTES[dtype]
+
+
 def summary_markdown(s: dict, meta: dict) -> str:
     L = ["# Peer benchmark: dispatched vs cuBLAS vs torch.compile max-autotune", "",
          f"GPU {meta.get('gpu_name')}, torch {meta.get('torch_version')}, triton {meta.get('triton_version')}, "
          f"copy bandwidth {meta.get('copy_gbps', float('nan')):.0f} GB/s; {s.get('shapes_compared', 0)} of "
          f"{s.get('shapes', 0)} shapes compared. Speedup = peer time / dispatched time (> 1: dispatched faster).", ""]
+    copy = meta.get("copy") or {}
+    if copy.get("check", "ok") != "ok":
+        L += [f"**Copy bandwidth check failed**: {copy['check']}.", ""]
+    if s.get("floor_check") == "failed":
+        L += [f"**Floor check failed**: {len(s['floor_impossible'])} timings move their bytes faster than "
+              f"{FLOOR_FRACTION_MAX}x the copy bandwidth, which cannot be: "
+              + ", ".join(f"{x['shape']} {x['contender']} {x['fraction']:.2f}" for x in s["floor_impossible"][:8]), ""]
     if not s.get("shapes_compared"):
         return "\n".join(L + ["No shape was timed ok for all three contenders."])
     L += [f"- geomean vs Inductor: **{s['geomean_vs_inductor']:.3f}x**; vs cuBLAS: {s['geomean_vs_cublas']:.3f}x",
@@ -259,11 +336,15 @@ def summary_markdown(s: dict, meta: dict) -> str:
     L += ["", "| M bucket | shapes | vs Inductor | vs cuBLAS |", "|---|---|---|---|"]
     for b, v in s["buckets"].items():
         L.append(f"| {b} | {v['shapes']} | {v['vs_inductor']:.3f} | {v['vs_cublas']:.3f} |")
-    L += ["", "| M = 1 shape | dispatched | us | Inductor us | cuBLAS us | HBM floor fraction |", "|---|---|---|---|---|---|"]
+    if "m1_big_weights_min_copy_fraction" in s:
+        L += ["", f"M = 1, weights >= {BIG_WEIGHT_BYTES // 2**20} MB: least fraction of the copy bandwidth "
+              f"{s['m1_big_weights_min_copy_fraction']:.3f} (bytes moved / time / copy bandwidth)"]
+    L += ["", "| M = 1 shape | dispatched | us | Inductor us | cuBLAS us | fraction of copy bandwidth (ours / Inductor) |",
+          "|---|---|---|---|---|---|"]
     for x in s["m1"]:
-        ff = x["floor_fraction"]
+        ff, fi = x["floor_fraction"], x.get("inductor_floor_fraction")
         L.append(f"| {x['shape']} | {x['dispatched']} | {x['dispatched_us']:.2f} | {x['inductor_us']:.2f} | "
-                 f"{x['cublas_us']:.2f} | {'' if ff is None else f'{ff:.3f}'} |")
+                 f"{x['cublas_us']:.2f} | {'' if ff is None else f'{ff:.3f}'} / {'' if fi is None else f'{fi:.3f}'} |")
     return "\n".join(L) + "\n"
 
 
@@ -279,17 +360,93 @@ def _inductor_setup(cache_dir: str) -> None:
             setattr(ic, name, val)
 
 
-def copy_gbps(timer) -> float:
-    """Device copy bandwidth, read + write bytes per second, of a 1 GiB buffer."""
+# The device copy that sets the HBM floor. Each side is 2 GiB, about 35x the H200's 60 MB L2 (40x
+# the H100's 50 MB), so no replay finds any of it in L2; read + write = 4 GiB per copy.
+COPY_BYTES = 2 * 2**30
+# Readings per method, after COPY_WARMUP_S of copies that bring the clocks up from idle (the device
+# notes read the H200's SMs at 345 MHz idle); the best reading counts: every way a copy is timed
+# wrongly (idle clocks, a slower engine) reads low, never high, and the datasheet bounds it above.
+COPY_TRIALS = 3
+COPY_WARMUP_S = 0.5
+# How copy_bandwidth moves the bytes. "memcpy" is torch's copy_, a cudaMemcpyAsync, which inside a
+# CUDA graph becomes a memcpy node run by a copy engine (DMA), not by the SMs: it read 2,430 GB/s on
+# H100s with this timer (every peer run's meta.json) where the same copy_ outside a graph (do_bench,
+# foundation ceilings) read 3,003, and 2,764 GB/s on an H200 against about 4,300 in the device
+# notes, which made the floor fractions 1.22-1.51. "kernel" is an elementwise kernel (torch.neg,
+# same bytes read and written) on the SMs, as every GEMM candidate is. Both are recorded.
+COPY_METHODS = ("memcpy", "kernel")
+# A reading outside these fractions of the card's datasheet HBM bandwidth (kernels/hardware.py) is
+# flagged: above 1 is impossible; below COPY_LOW is a copy the card's memory did not limit (H100:
+# 0.90 with the SM copy, 0.73 with the copy engine).
+COPY_LOW = 0.75
+# A shape that moves its bytes faster than the copy by more than this is impossible beyond noise
+# (a read-only kernel may pass a copy's read + write rate by a little): the floor is flagged.
+FLOOR_FRACTION_MAX = 1.02
+
+
+def shape_bytes(m: int, n: int, k: int, dtype: str) -> int:
+    """Bytes a GEMM must move at least once: weight + x + y (fp8 writes bf16)."""
+    from gemm_costmodel.kernels.gemm.space import DTYPE_BYTES, OUT_DTYPE
+
+    e = DTYPE_BYTES[dtype]
+    return (n * k + m * k) * e + m * n * DTYPE_BYTES[OUT_DTYPE[dtype]]
+
+
+def copy_bandwidth(timer, nbytes: int = COPY_BYTES, device: str = "cuda", trials: int = COPY_TRIALS,
+                   warmup_s: float = COPY_WARMUP_S, datasheet_gbps: float | None = None) -> dict:
+    """Device copy bandwidth, (read + written bytes) / time, with the given timer (the harness's
+    GraphTimer on a GPU). ``timer.measure`` returns the time of ONE launch: it divides each replay
+    (``n_inner`` copies in one graph) by ``n_inner``, so one copy moves 2 * nbytes per reported
+    microsecond. Returns {"gbps": the best reading, "method": its method, "readings": [{method,
+    trial, us, gbps, n_inner}], "nbytes", "datasheet_gbps", "datasheet_fraction", "check": "ok" |
+    a sentence}. """
     import torch
 
-    a = torch.empty(1 << 28, dtype=torch.float32, device="cuda").normal_()
+    a = torch.empty(nbytes // 4, dtype=torch.float32, device=device).normal_()
     b = torch.empty_like(a)
-    t = timer.measure(lambda i: b.copy_(a), 1)
-    nbytes = 2 * a.numel() * 4
+    fns = {"memcpy": lambda i: b.copy_(a), "kernel": lambda i: torch.neg(a, out=b)}
+    cuda = str(device).startswith("cuda")
+    t_end = time.perf_counter() + warmup_s
+    while time.perf_counter() < t_end:
+        for m in COPY_METHODS:
+            fns[m](0)
+        if cuda:
+            torch.cuda.synchronize()
+    moved = 2 * a.numel() * a.element_size()
+    readings = []
+    for trial in range(trials):
+        for m in COPY_METHODS:
+            t = timer.measure(fns[m], 1, key=f"copy_{m}")
+            readings.append({"method": m, "trial": trial, "us": t.p50_us, "n_inner": t.n_inner,
+                             "gbps": moved / (t.p50_us * 1e-6) / 1e9})
     del a, b
-    torch.cuda.empty_cache()
-    return nbytes / (t.p50_us * 1e-6) / 1e9
+    if cuda:
+        torch.cuda.empty_cache()
+    best = max(readings, key=lambda r: r["gbps"])
+    out = {"gbps": best["gbps"], "method": best["method"], "nbytes": nbytes, "readings": readings,
+           "datasheet_gbps": datasheet_gbps, "datasheet_fraction": None, "check": "ok"}
+    if datasheet_gbps:
+        out["datasheet_fraction"] = frac = best["gbps"] / datasheet_gbps
+        if frac > 1.0:
+            out["check"] = f"copy reads {frac:.2f}x the datasheet's {datasheet_gbps:.0f} GB/s: impossible"
+        elif frac < COPY_LOW:
+            out["check"] = (f"copy reads {frac:.2f}x the datasheet's {datasheet_gbps:.0f} GB/s (< {COPY_LOW}): "
+                            "suspect, the floor fractions are too high")
+    return out
+
+
+def datasheet_gbps(gpu_name: str) -> float | None:
+    """The card's datasheet HBM bandwidth from kernels/hardware.py, or None for an unknown card."""
+    from gemm_costmodel.kernels.hardware import lookup
+
+    spec = lookup(gpu_name) if gpu_name else None
+    return spec.hbm_gbps if spec else None
+
+
+def copy_fraction(nbytes: int, us: float, gbps: float) -> float:
+    """The fraction of the copy bandwidth a kernel reached: bytes moved / time / copy bandwidth (the
+    same number as the HBM floor / time, the floor being bytes / copy bandwidth)."""
+    return nbytes / (us * 1e-6) / 1e9 / gbps
 
 
 def measure_shape(m, n, k, dtype, d, timer, l2, gbps, rounds: int = DEFAULT_ROUNDS) -> dict:
@@ -314,7 +471,8 @@ def measure_shape(m, n, k, dtype, d, timer, l2, gbps, rounds: int = DEFAULT_ROUN
     opsets, ref = C.operand_sets(p, 0, l2, op="gemm")
     first, n_copies = opsets[0], len(opsets)
     row["n_copies"] = n_copies
-    floor_us = first.nbytes / (gbps * 1e3)
+    row["bytes"] = nbytes = shape_bytes(m, n, k, dtype)
+    floor_us = nbytes / (gbps * 1e3)
     row["floor_us"] = floor_us
     cfg = config_from_id(choice.candidate)
     vendor = VendorConfig()
@@ -370,7 +528,9 @@ def measure_shape(m, n, k, dtype, d, timer, l2, gbps, rounds: int = DEFAULT_ROUN
         row[f"{label}_us"], row[f"{label}_p20_us"], row[f"{label}_p80_us"] = t["us"], t["p20_us"], t["p80_us"]
         row[f"{label}_stable"] = t["stable"]
         row[f"{label}_rounds_us"] = t["rounds_us"]
+        # = bytes / time / copy bandwidth (copy_fraction): the fraction of the copy bandwidth reached.
         row[f"{label}_floor_fraction"] = floor_us / t["us"]
+        row[f"{label}_floor_impossible"] = floor_us / t["us"] > FLOOR_FRACTION_MAX
     row["rounds"] = rounds
     del opsets, first, ref, fn
     torch._dynamo.reset()
@@ -381,7 +541,10 @@ def measure_shape(m, n, k, dtype, d, timer, l2, gbps, rounds: int = DEFAULT_ROUN
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--shapes", help="CSV with columns m,n,k[,dtype] (default: the built-in suite)")
+    ap.add_argument("--shapes", help="CSV with columns m,n,k[,dtype] (default: the --suite)")
+    ap.add_argument("--suite", default="default", choices=sorted(SUITES),
+                    help="built-in suite: default (training-family weights, 43 shapes) or heldout (13 shapes of "
+                         "families outside training)")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp8"])
     ap.add_argument("--limit", type=int, default=0, help="first N shapes only")
     ap.add_argument("--time-budget", type=float, default=0, help="stop between shapes after this many seconds")
@@ -395,7 +558,7 @@ def main(argv=None) -> int:
     if args.rounds < 1:
         ap.error(f"--rounds must be >= 1, got {args.rounds}")
     try:
-        shapes = read_shapes(args.shapes, args.dtype) if args.shapes else default_suite(args.dtype)
+        shapes = read_shapes(args.shapes, args.dtype) if args.shapes else SUITES[args.suite](args.dtype)
     except (OSError, ValueError) as exc:
         print(f"peers: error: {exc}", file=sys.stderr)
         return 2
@@ -424,9 +587,12 @@ def main(argv=None) -> int:
     timer = GraphTimer()
     meta_path = os.path.join(args.out, "meta.json")
     meta = json.load(open(meta_path)) if os.path.isfile(meta_path) else {}
-    if "copy_gbps" not in meta:
-        meta = {"copy_gbps": copy_gbps(timer), **prov}
+    if "copy" not in meta:  # a folder from before the fixed copy is measured again (summarize recomputes)
+        copy = copy_bandwidth(timer, datasheet_gbps=datasheet_gbps(prov.get("gpu_name", "")))
+        meta = {**meta, "copy_gbps": copy["gbps"], "copy": copy, **prov}
         json.dump(meta, open(meta_path, "w"), indent=1)
+    print(f"copy bandwidth {meta['copy_gbps']:.0f} GB/s ({meta['copy']['method']}; check: {meta['copy']['check']})",
+          file=sys.stderr, flush=True)
     l2 = prov.get("l2_bytes") or 50 * 2**20
     t0 = time.perf_counter()
     for s in todo:
@@ -442,7 +608,7 @@ def main(argv=None) -> int:
                   file=sys.stderr,
               flush=True)
     rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
-    s = summarize(rows)
+    s = summarize(rows, meta["copy_gbps"])
     json.dump(s, open(os.path.join(args.out, "summary.json"), "w"), indent=1)
     with open(os.path.join(args.out, "summary.md"), "w", encoding="utf-8") as fh:
         fh.write(summary_markdown(s, meta))
@@ -452,3 +618,49 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# -- the README's peers table (``costmodel results --readme README.md --peers``) --
+
+PEERS_BEGIN = "<!-- peers:begin (generated by `costmodel results --readme README.md --peers`; do not edit) -->"
+PEERS_END = "<!-- peers:end -->"
+# The runs the README shows, folders under benchmarks/results/peers/ (peers.jsonl + meta.json each):
+# the H100's last run until H200 runs are committed.
+README_RUNS = ("run15",)
+RESULTS_DIR = os.path.join("benchmarks", "results", "peers")
+
+
+def readme_table(root: str = RESULTS_DIR, runs=README_RUNS) -> str:
+    """A short markdown table of the peer runs, recomputed from each folder's rows and meta.json
+    (``summarize``): a run whose copy bandwidth predates the fixed copy (no ``copy`` in meta.json)
+    shows no fraction of it."""
+    L = ["| run | GPU | shapes | vs Inductor (geomean) | vs cuBLAS | M = 1 vs Inductor | M = 1 at least as fast "
+         "| shapes > 3% slower | M = 1, >= 64 MB: least fraction of copy bandwidth |",
+         "|---|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        folder = os.path.join(root, run)
+        with open(os.path.join(folder, "meta.json"), encoding="utf-8") as fh:
+            meta = json.load(fh)
+        with open(os.path.join(folder, "peers.jsonl"), encoding="utf-8") as fh:
+            rows = [json.loads(line) for line in fh if line.strip()]
+        fixed = "copy" in meta
+        s = summarize(rows, meta["copy_gbps"] if fixed else None)
+        m1 = s.get("m1", [])
+        b1 = s.get("buckets", {}).get("M=1", {})
+        frac = (f"{s['m1_big_weights_min_copy_fraction']:.3f}" if fixed and "m1_big_weights_min_copy_fraction" in s
+                else "- (copy timed on the copy engine)")
+        gpu = (meta.get("gpu_name") or "?").replace("NVIDIA ", "")
+        L.append(f"| {run} | {gpu} | {s.get('shapes_compared', 0)} | **{s.get('geomean_vs_inductor', float('nan')):.3f}x** "
+                 f"| {s.get('geomean_vs_cublas', float('nan')):.3f}x | {b1.get('vs_inductor', float('nan')):.3f}x | "
+                 f"{sum(x['dispatched_us'] <= x['inductor_us'] for x in m1)} of {len(m1)} | "
+                 f"{len(s.get('slower_than_inductor_by_3pct', []))} | {frac} |")
+    return "\n".join(L)
+
+
+def rewrite_readme(text: str, root: str = RESULTS_DIR, runs=README_RUNS) -> str:
+    """``text`` with the block between PEERS_BEGIN and PEERS_END replaced by ``readme_table``;
+    ValueError when the markers are missing or out of order."""
+    i, j = text.find(PEERS_BEGIN), text.find(PEERS_END)
+    if i < 0 or j < i:
+        raise ValueError(f"no peers block ({PEERS_BEGIN!r} ... {PEERS_END!r})")
+    return text[: i + len(PEERS_BEGIN)] + "\n" + readme_table(root, runs) + "\n" + text[j:]

@@ -824,6 +824,10 @@ def cmd_results(args) -> int:
         with open(args.readme, encoding="utf-8") as fh:
             text = fh.read()
         new = glance.rewrite(text, args.root)
+        if args.peers:
+            from gemm_costmodel.benchmarks import peers
+
+            new = peers.rewrite_readme(new)
     except (OSError, ValueError) as exc:
         return _fail(f"{args.readme}: {exc}")
     if args.check:
@@ -1075,6 +1079,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--root", default="models/report", help="reports' folder (gemm's report.md, <op>/report.md)")
     g.add_argument("--readme", default=None, help="rewrite the block between the results markers of this file")
     g.add_argument("--check", action="store_true", help="with --readme: only check; exit 2 if it differs")
+    g.add_argument("--peers", action="store_true",
+                   help="with --readme: also rewrite the peers block from benchmarks/results/peers/ (the runs "
+                        "benchmarks/peers.py README_RUNS names)")
     g.set_defaults(func=cmd_results)
 
     h = sub.add_parser("describe-gpu", help="describe this machine's GPU by its numbers (SMs, shared memory, L2, "

@@ -88,7 +88,7 @@ def test_summarize_m1_slower_and_empty():
     assert s["m1_at_least_as_fast_as_inductor"] is False
     assert s["slower_than_inductor_by_3pct"] == []  # 0.99 is within 3%
     empty = P.summarize([_row(1, None, 9.9, 12.0)])
-    assert empty == {"shapes": 1, "shapes_compared": 0}
+    assert empty == {"shapes": 1, "shapes_compared": 0, "floor_impossible": [], "floor_check": "ok"}
     assert "No shape" in P.summary_markdown(empty, {})
     assert math.isnan(P._gm([]))
 
@@ -194,3 +194,81 @@ def test_time_rounds_reports_one_round_for_every_contender():
     assert out["a"]["rounds_us"] == [100.0, 110.0, 125.0] and out["b"]["rounds_us"] == [100.0, 130.0, 112.0]
     two = P.time_rounds({"a": None}, Scripted([{"a": 9.0}, {"a": 7.0}]), 1, rounds=2)
     assert two["a"]["us"] == 7.0 and two["a"]["round"] == 1  # even count: the lower middle
+
+
+def test_copy_bandwidth_counts_read_and_write_per_launch_and_checks_the_datasheet():
+    """The fixed copy (issue 63): bytes read + written per launch over the timer's per-launch p50
+    (a replay of n_inner copies is already divided by n_inner), the best of every method and trial,
+    checked against the datasheet."""
+    from gemm_costmodel.kernels.timing import FakeTimer, Timing
+
+    nbytes = 4096  # 1,024 floats a side on the CPU
+    t = FakeTimer(lambda key: {"copy_memcpy": 4.0, "copy_kernel": 2.0}[key])
+    c = P.copy_bandwidth(t, nbytes=nbytes, device="cpu", trials=2, warmup_s=0, datasheet_gbps=5.0)
+    assert t.calls == 4 and [r["method"] for r in c["readings"]] == ["memcpy", "kernel"] * 2
+    # 2 * 4096 bytes in 2 us = 4.096 GB/s (the kernel); the memcpy reads 2.048.
+    assert c["gbps"] == pytest.approx(2 * nbytes / 2e-6 / 1e9) and c["method"] == "kernel"
+    assert c["readings"][0]["gbps"] == pytest.approx(2.048)
+    assert c["datasheet_fraction"] == pytest.approx(4.096 / 5.0) and c["check"] == "ok"
+    assert "impossible" in P.copy_bandwidth(t, nbytes=nbytes, device="cpu", trials=1, warmup_s=0,
+                                            datasheet_gbps=4.0)["check"]
+    assert "suspect" in P.copy_bandwidth(t, nbytes=nbytes, device="cpu", trials=1, warmup_s=0,
+                                         datasheet_gbps=6.0)["check"]
+
+    class Replays:
+        """A timer whose replays hold 8 copies: its p50 is already one copy's time."""
+
+        def measure(self, fn, n_copies, key=""):
+            fn(0)
+            return Timing(1.9, 2.0, 2.1, n_samples=15, n_inner=8)
+
+    c = P.copy_bandwidth(Replays(), nbytes=nbytes, device="cpu", trials=1, warmup_s=0)
+    assert c["gbps"] == pytest.approx(4.096) and c["readings"][0]["n_inner"] == 8
+    assert c["datasheet_fraction"] is None and c["check"] == "ok"
+
+
+def test_shape_bytes_and_copy_fraction():
+    assert P.shape_bytes(1, 8192, 4608, "bf16") == (8192 * 4608 + 4608) * 2 + 8192 * 2
+    assert P.shape_bytes(2, 64, 128, "fp8") == (64 * 128 + 2 * 128) * 1 + 2 * 64 * 2  # fp8 writes bf16
+    # 75.5 MB in 22.3 us at a 4,300 GB/s copy: 0.79 of it.
+    b = P.shape_bytes(1, 8192, 4608, "bf16")
+    assert P.copy_fraction(b, 22.3, 4300.0) == pytest.approx(b / 22.3e-6 / 4300e9)
+    assert 0.78 < P.copy_fraction(b, 22.3, 4300.0) < 0.80
+
+
+def test_summarize_flags_an_impossible_floor_and_recomputes_from_the_copy():
+    b = P.shape_bytes(1, 4096, 4096, "bf16")
+    us = b / 4000e9 * 1e6  # moves at 4,000 GB/s
+    rows = [_row(1, us, us * 1.1, us * 1.2, bytes=b, dispatched_floor_fraction=9.9)]
+    s = P.summarize(rows, copy_gbps=2764.0)  # the H200's mis-measured copy: 1.45, impossible
+    assert s["floor_check"] == "failed"
+    assert s["floor_impossible"][0]["contender"] == "dispatched"
+    assert s["floor_impossible"][0]["fraction"] == pytest.approx(4000 / 2764)
+    assert "Floor check failed" in P.summary_markdown(s, {"copy_gbps": 2764.0})
+    s = P.summarize(rows, copy_gbps=4300.0)
+    assert s["floor_check"] == "ok" and s["m1"][0]["floor_fraction"] == pytest.approx(4000 / 4300)
+    assert "m1_big_weights_min_copy_fraction" not in s  # a 32 MB weight: below the 64 MB of the acceptance
+    # Without a copy bandwidth, the rows' own fractions (9.9 here) are read.
+    assert P.summarize(rows)["floor_check"] == "failed"
+
+
+def test_heldout_suite_is_outside_the_training_layers_and_spans_m():
+    suite = P.heldout_suite("bf16")
+    assert len(suite) == 13 and min(m for m, *_ in suite) == 1 and max(m for m, *_ in suite) == 2048
+    pairs = S.nk_pairs()
+    assert not [(n, k) for _, n, k, _ in suite if (n, k) in pairs]
+    assert sum(1 for m, *_ in suite if m == 1) == 5 and sum(1 for m, *_ in suite if m == 2) == 2
+    # fp8 (per-tensor, torch._scaled_mm) needs N and K divisible by 16.
+    assert all(n % 16 == 0 and k % 16 == 0 for _, n, k, _ in P.heldout_suite("fp8"))
+    assert set(P.SUITES) == {"default", "heldout"}
+
+
+def test_readme_peers_block_is_regenerated_from_the_committed_run():
+    text = "a\n" + P.PEERS_BEGIN + "\nstale\n" + P.PEERS_END + "\nb\n"
+    new = P.rewrite_readme(text)
+    assert "stale" not in new and new.startswith("a\n" + P.PEERS_BEGIN) and new.endswith(P.PEERS_END + "\nb\n")
+    assert "| run15 | H100 80GB HBM3 | 43 | **1.046x** |" in new  # docs/peers.md, run 15
+    with pytest.raises(ValueError, match="no peers block"):
+        P.rewrite_readme("no markers")
+    readme = open("README.md", encoding="utf-8").read()
+    assert P.rewrite_readme(readme) == readme  # the README's block is current

@@ -72,6 +72,25 @@ def _reduce_row(r0, r: tl.constexpr, y_ptr, ws_ptr, sa_ptr, sb_ptr, M, N, stride
     tl.store(y_ptr + row * stride_ym + offs_n, out.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _tile(acc0, acc1, acc2, acc3, w_ptrs, offs_k, x_ptr, r0, M, K, stride_xm, ROWS: tl.constexpr,
+          MASK: tl.constexpr):
+    """One (BLOCK_N, BLOCK_K) weight tile into the ROWS accumulators: unmasked (a full tile) or masked
+    at K (the tail). The weight is read once: evict-first keeps x and the other programs' lines in
+    cache (1-4% at M = 1-2 on the H100, benchmarks/results/gemv/README.md)."""
+    if MASK:
+        w = tl.load(w_ptrs, mask=offs_k[None, :] < K, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    else:
+        w = tl.load(w_ptrs, eviction_policy="evict_first").to(tl.float32)
+    acc0 += w * _x_row(x_ptr, r0, 0, M, stride_xm, offs_k, K, not MASK)[None, :]
+    if ROWS > 1:
+        acc1 += w * _x_row(x_ptr, r0, 1, M, stride_xm, offs_k, K, not MASK)[None, :]
+    if ROWS > 2:
+        acc2 += w * _x_row(x_ptr, r0, 2, M, stride_xm, offs_k, K, not MASK)[None, :]
+        acc3 += w * _x_row(x_ptr, r0, 3, M, stride_xm, offs_k, K, not MASK)[None, :]
+    return acc0, acc1, acc2, acc3
+
+
 # N, K and the strides are compile-time constants (M is not): one compile per weight shape and
 # config, which a server pays once per layer shape at warm-up (a model has a handful). With
 # them constant the loop's trip count, the masks and the addressing fold away; on the H100 the
@@ -83,38 +102,46 @@ def _reduce_row(r0, r: tl.constexpr, y_ptr, ws_ptr, sa_ptr, sb_ptr, M, N, stride
 def gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, sa_ptr, sb_ptr, M, N: tl.constexpr, K: tl.constexpr,
                 stride_xm: tl.constexpr, stride_wn: tl.constexpr, stride_ym: tl.constexpr,
                 HAS_SCALE: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr):
-    """Program (n-block, slice, row block): BLOCK_N outputs of ROWS token rows over one K slice."""
+                SPLIT_K: tl.constexpr, TILES: tl.constexpr):
+    """Program (n-block, slice, row block): BLOCK_N outputs of ROWS token rows over one K slice.
+
+    The slice's full K tiles go unmasked, TILES per loop step (the loop body is unrolled TILES
+    times, so each thread has TILES weight loads in flight before the first is used: at the
+    H200's 4.8 TB/s a load's latency covers more bytes than at the H100's 3.35, and Triton does
+    not pipeline a loop without a dot), then the leftover full tiles one at a time, then the tile
+    that K ends inside (masked; only where BLOCK_K does not divide K, and only in the last slice)."""
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     r0 = tl.program_id(2) * ROWS
-    total = tl.cdiv(K, BLOCK_K)
+    total: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
+    full: tl.constexpr = K // BLOCK_K
     t0 = pid_s * total // SPLIT_K
     t1 = (pid_s + 1) * total // SPLIT_K
+    n_full = tl.maximum(tl.minimum(t1, full) - t0, 0)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = t0 * BLOCK_K + tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + (offs_n % N)[:, None] * stride_wn + offs_k[None, :]
     acc0 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    if ROWS > 1:
-        acc1 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    if ROWS > 2:
-        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        acc3 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for _kt in range(t0, t1):
-        # The weight is read once: evict-first keeps x and the other programs' lines in cache
-        # (1-4% at M = 1-2 on the H100, benchmarks/results/gemv/README.md).
-        if EVEN_K:
-            w = tl.load(w_ptrs, eviction_policy="evict_first").to(tl.float32)
-        else:
-            w = tl.load(w_ptrs, mask=offs_k[None, :] < K, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        acc0 += w * _x_row(x_ptr, r0, 0, M, stride_xm, offs_k, K, EVEN_K)[None, :]
-        if ROWS > 1:
-            acc1 += w * _x_row(x_ptr, r0, 1, M, stride_xm, offs_k, K, EVEN_K)[None, :]
-        if ROWS > 2:
-            acc2 += w * _x_row(x_ptr, r0, 2, M, stride_xm, offs_k, K, EVEN_K)[None, :]
-            acc3 += w * _x_row(x_ptr, r0, 3, M, stride_xm, offs_k, K, EVEN_K)[None, :]
-        w_ptrs += BLOCK_K
-        offs_k += BLOCK_K
+    # Rows past ROWS carry a 1x1 placeholder, never read: one tile helper serves every ROWS.
+    acc1 = tl.zeros((BLOCK_N, BLOCK_K) if ROWS > 1 else (1, 1), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_N, BLOCK_K) if ROWS > 2 else (1, 1), dtype=tl.float32)
+    acc3 = tl.zeros((BLOCK_N, BLOCK_K) if ROWS > 2 else (1, 1), dtype=tl.float32)
+    for _g in range(n_full // TILES):
+        for u in tl.static_range(TILES):
+            acc0, acc1, acc2, acc3 = _tile(acc0, acc1, acc2, acc3, w_ptrs + u * BLOCK_K, offs_k + u * BLOCK_K,
+                                           x_ptr, r0, M, K, stride_xm, ROWS, False)
+        w_ptrs += TILES * BLOCK_K
+        offs_k += TILES * BLOCK_K
+    if TILES > 1:
+        for _t in range(n_full % TILES):
+            acc0, acc1, acc2, acc3 = _tile(acc0, acc1, acc2, acc3, w_ptrs, offs_k, x_ptr, r0, M, K, stride_xm,
+                                           ROWS, False)
+            w_ptrs += BLOCK_K
+            offs_k += BLOCK_K
+    if K % BLOCK_K != 0:
+        if t1 == total:  # the last slice holds the tile that K ends inside
+            acc0, acc1, acc2, acc3 = _tile(acc0, acc1, acc2, acc3, w_ptrs, offs_k, x_ptr, r0, M, K, stride_xm,
+                                           ROWS, True)
     _store_row(acc0, r0, 0, y_ptr, ws_ptr, sa_ptr, sb_ptr, M, N, stride_ym, offs_n, pid_s, HAS_SCALE, SPLIT_K)
     if ROWS > 1:
         _store_row(acc1, r0, 1, y_ptr, ws_ptr, sa_ptr, sb_ptr, M, N, stride_ym, offs_n, pid_s, HAS_SCALE, SPLIT_K)
@@ -149,6 +176,8 @@ def launch(cfg: GemvConfig, x: torch.Tensor, w: torch.Tensor, out=None, scale_a=
         ws, cnt = out, out  # never read without a split
     gemv_kernel[grid](x, w, out, ws, cnt, sa, sb, M, N, K, x.stride(0), w.stride(0), out.stride(0),
                       HAS_SCALE=has_scale, ROWS=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                      SPLIT_K=cfg.split_k, EVEN_K=K % cfg.block_k == 0, num_warps=cfg.num_warps,
-                      num_stages=cfg.num_stages)
+                      SPLIT_K=cfg.split_k, TILES=cfg.num_stages, num_warps=cfg.num_warps,
+                      # The config's num_stages is the tiles in flight of the unrolled loop (TILES),
+                      # not Triton's software pipeline, which a loop without a dot does not get.
+                      num_stages=1)
     return out

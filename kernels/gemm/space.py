@@ -113,10 +113,13 @@ class SwapABTmaConfig(SwapABConfig):
 
 @dataclass(frozen=True)
 class GemvConfig:
-    """Decode GEMV for M <= 2 (kernels/gemm/gemv.py): CUDA-core dot products, no MMA. A
+    """Decode GEMV for M <= 4 (kernels/gemm/gemv.py): CUDA-core dot products, no MMA. A
     program owns BLOCK_N weight rows and one of SPLIT_K slices of K and streams
-    (BLOCK_N, BLOCK_K) weight tiles; BLOCK_M is the token rows it computes (1 or 2, tied
-    to M by check_feasible; the kernel also takes 4)."""
+    (BLOCK_N, BLOCK_K) weight tiles; BLOCK_M is the token rows it computes (1, 2 or 4, tied
+    to M by check_feasible). NUM_STAGES is the weight tiles each thread has in flight (the
+    kernel's loop unrolled that many times; Triton does not software-pipeline a loop without
+    a dot, so this is the GEMV's own pipeline depth, and the feature keeps its meaning: loads
+    in flight)."""
 
     block_m: int
     block_n: int
@@ -202,6 +205,12 @@ def static_feasible(cfg: GemmConfig, arch: ArchSpec, dtype: str) -> tuple[bool, 
     return True, ""
 
 
+# Registers a GEMV thread may hold live: its fp32 accumulators plus the weight tiles in flight (as
+# loaded: 2 bytes an element in bf16/fp16, 1 in fp8), below the 255 a thread can address, with room
+# for the addresses, x and the loop.
+GEMV_MAX_LIVE_REGS = 192
+
+
 def _gemv_static(cfg: GemvConfig, arch: ArchSpec, dtype: str) -> tuple[bool, str]:
     # Each thread holds BLOCK_M x (its share of the BLOCK_N x BLOCK_K tile) fp32 accumulators
     # until the final reduction, and should load at least one 16-byte vector of weight per step.
@@ -210,6 +219,9 @@ def _gemv_static(cfg: GemvConfig, arch: ArchSpec, dtype: str) -> tuple[bool, str
         return False, f"{cfg.block_m * per_thread} accumulator registers per thread would spill"
     if per_thread * DTYPE_BYTES[dtype] < 16:
         return False, f"{per_thread * DTYPE_BYTES[dtype]} weight bytes per thread per step < one 16-byte load"
+    live = cfg.block_m * per_thread + cfg.num_stages * per_thread * DTYPE_BYTES[dtype] // 4
+    if live > GEMV_MAX_LIVE_REGS:
+        return False, f"{live} live registers per thread (accumulators + tiles in flight) > {GEMV_MAX_LIVE_REGS}"
     return True, ""
 
 
@@ -221,28 +233,50 @@ def _gemv_static(cfg: GemvConfig, arch: ArchSpec, dtype: str) -> tuple[bool, str
 # 128 weight rows, 8 tokens or BLOCK_K 64-only added < 0.1%.
 SWAPAB_TOKENS = (16, 32, 64)
 SWAPAB_MAX_M = SWAPAB_TOKENS[-1]
-# GEMV (M <= 2): token rows 1 or 2; no software pipelining (num_stages 1): with no MMA the
-# loop's loads are not pipelined by Triton, and occupancy keeps enough bytes in flight.
-# A 4-row GEMV (M = 3-4) was measured on the H100 and lost every evaluation shape to swap-AB
-# (0.33-0.93x of the best other candidate; benchmarks/results/gemv/README.md), so it is not here.
-# Tiles from benchmarks/explore/explore_gemv.py: 1-16 weight rows by 512-2048 of K; a split of
-# K (4) only for the few shapes whose N alone cannot fill the SMs (no split was ever the best at
-# M = 1-2 on the 94 training shapes with N >= 512).
-GEMV_ROWS = (1, 2)
+# GEMV (M <= 4): token rows 1, 2 or 4.
+# The first grid (rows 1-2, one tile in flight): tiles from benchmarks/explore/explore_gemv.py,
+# 1-16 weight rows by 512-2048 of K; a split of K (4) only for the few shapes whose N alone cannot
+# fill the SMs (no split was ever the best at M = 1-2 on the 94 training shapes with N >= 512).
+# A 4-row GEMV of that grid lost every M = 3-4 evaluation shape to swap-AB on the H100 (0.33-0.93x;
+# benchmarks/results/gemv/README.md), so 4 rows come only with the deeper loop below.
+GEMV_ROWS = (1, 2, 4)
 GEMV_MAX_M = GEMV_ROWS[-1]
+# Issue 63 (the H200: the GEMV at about 0.79 of the copy bandwidth, Inductor's reduction faster on 3
+# of 5 held-out M = 1 weights), a targeted few per token-row count:
+# - 2 or 4 weight tiles in flight per thread (num_stages: the loop unrolled), on the first grid's
+#   winning tiles (2-8 rows by 512-1024 of K): more bytes in flight per SM, for a bandwidth-latency
+#   product 1.4x the H100's, without the accumulators of a longer BLOCK_K;
+# - Inductor's own shape of the M = 1 reduction (torch/_inductor/runtime/triton_heuristics.py,
+#   _reduction_configs: XBLOCK 1-2 rows by R0_BLOCK min(K, 2048), num_warps R0_BLOCK // 128 = 16,
+#   then coordinate descent doubles or halves each): 1-2 rows by 2048-4096 of K with 16 warps, the
+#   ones with a 16-byte load per thread.
+GEMV_DEEP = dict(block_m=GEMV_ROWS, block_n=(2, 4, 8), block_k=(512, 1024), split_k=(1,),
+                 warps_stages=((4, 2), (4, 4), (8, 4)))
+GEMV_WIDE = dict(block_m=GEMV_ROWS, block_n=(1, 2), block_k=(2048, 4096), split_k=(1,),
+                 warps_stages=((16, 1),))
+# Deeper pipelines for mid M (issue 63; issue 18's open loss 128x4096x14336, where Inductor's 5-stage
+# 64x64x128 template beat cuBLAS and every config of the space by 5-7%): the tiles that won or came
+# within 6% of cuBLAS with 5-6 stages on the 18 mid-M shapes of benchmarks/explore/deep_stages.py
+# (benchmarks/results/peers/deep_stages/: persistent 64x64x128 s6 46.3 us on 128x4096x14336 against
+# the space's best 48.2+; tiled 64x32x128 s6 and 64x64x128 s6, persistent 128x128x64 s6 the next
+# best on six more). Static feasibility (shared memory) is smem_bytes's: 6 stages of 64x64x128
+# bf16 take 192 KiB, of 128x128x64 192 KiB plus the 32 KiB TMA store tile, under the 227 KiB.
+TILED_DEEP = dict(block_m=(64,), block_n=(32, 64), block_k=(128,), group_m=(8,), warps_stages=((4, 5), (4, 6)))
+PERSISTENT_DEEP = (dict(block_m=(64,), block_n=(64,), block_k=(128,), group_m=(8,), warps_stages=((4, 5), (4, 6))),
+                   dict(block_m=(128,), block_n=(128,), block_k=(64,), group_m=(8,), warps_stages=((4, 6),)))
 _SPACE_SM90 = {
-    "tiled": dict(block_m=(16, 32, 64, 128), block_n=(32, 64, 128, 256), block_k=(64, 128),
-                  group_m=(8,), warps_stages=((4, 3), (4, 4), (8, 3), (8, 4))),
+    "tiled": (dict(block_m=(16, 32, 64, 128), block_n=(32, 64, 128, 256), block_k=(64, 128),
+                   group_m=(8,), warps_stages=((4, 3), (4, 4), (8, 3), (8, 4))), TILED_DEEP),
     "splitk": dict(block_m=(16, 32, 64), block_n=(32, 64, 128), block_k=(64, 128, 256),
                    split_k=(2, 4, 8, 16), warps_stages=((4, 3), (4, 4))),
-    "persistent": dict(block_m=(64, 128), block_n=(64, 128, 256), block_k=(64, 128),
-                       group_m=(8,), warps_stages=((4, 3), (4, 4), (8, 3), (8, 4))),
+    "persistent": (dict(block_m=(64, 128), block_n=(64, 128, 256), block_k=(64, 128),
+                        group_m=(8,), warps_stages=((4, 3), (4, 4), (8, 3), (8, 4))), *PERSISTENT_DEEP),
     "swapab": dict(block_m=SWAPAB_TOKENS, block_n=(64,), block_k=(64, 128, 256), split_k=(1, 2, 4, 8),
                    warps_stages=((4, 3), (4, 4), (4, 6))),
     "swapab_tma": dict(block_m=SWAPAB_TOKENS, block_n=(64,), block_k=(64, 128, 256), split_k=(1, 2, 4, 8),
                        warps_stages=((4, 3), (4, 4), (4, 6))),
-    "gemv": dict(block_m=GEMV_ROWS, block_n=(1, 2, 4, 8, 16), block_k=(512, 1024, 2048), split_k=(1, 4),
-                 warps_stages=((4, 1), (8, 1))),
+    "gemv": (dict(block_m=(1, 2), block_n=(1, 2, 4, 8, 16), block_k=(512, 1024, 2048), split_k=(1, 4),
+                  warps_stages=((4, 1), (8, 1))), GEMV_DEEP, GEMV_WIDE),
 }
 
 
@@ -257,7 +291,17 @@ def gemv_rows(m: int) -> int:
     return next((r for r in GEMV_ROWS if r >= m), 0)
 
 
-def _enumerate(variant: str, space: dict) -> Iterator[GemmConfig]:
+def _enumerate(variant: str, space) -> Iterator[GemmConfig]:
+    """A variant's configs: the product of its parameter tuples (or of each of several such
+    grids, in order, a config listed once)."""
+    if isinstance(space, tuple):
+        seen = set()
+        for grid in space:
+            for cfg in _enumerate(variant, grid):
+                if cfg not in seen:
+                    seen.add(cfg)
+                    yield cfg
+        return
     cls = VARIANTS[variant]
     ws = space["warps_stages"]
     keys = [k for k in space if k != "warps_stages"]
@@ -309,6 +353,9 @@ class ConfigArrays:
         self.split = self.splitk | ((self.swapab | self.gemv) & (self.params["split_k"] > 1))
         self.block_k = np.maximum(self.params["block_k"], 1)
         self.split_short_k, self.split_sk = split_rule_arrays(self.split, self.params["split_k"], self.block_k)
+        # A GEMV with several tiles in flight needs K to hold that many (else it is its own one-tile config).
+        self.gemv_span = np.where(self.gemv & (self.params["num_stages"] > 1),
+                                  self.params["num_stages"] * self.block_k, 0)
         # The token-count rules' masks, one per value that swapab_tokens / gemv_rows can return.
         self.swapab_mismatch = token_mismatch(self.swapab, self.params["block_m"], SWAPAB_TOKENS)
         self.gemv_mismatch = token_mismatch(self.gemv, self.params["block_m"], GEMV_ROWS)
@@ -365,6 +412,10 @@ PROBLEM_RULES = (
     (lambda p: True,
      lambda a, p: a.gemv_mismatch[gemv_rows(p.m)],
      lambda p, c: f"GEMV computes {c['block_m']} token rows; M={p.m} takes {gemv_rows(p.m)}"),
+    (lambda p: True,
+     lambda a, p: a.gemv_span > p.k,
+     lambda p, c: f"GEMV with {c['num_stages']} tiles in flight of {c['block_k']} needs K >= "
+                  f"{c['num_stages'] * c['block_k']}, K={p.k}"),
     (lambda p: bool((p.k * _E[p.dtype]) % 16),
      lambda a, p: a.swapab_tma,
      lambda p, c: "TMA needs K * element size divisible by 16"),
