@@ -4,8 +4,8 @@
 ``runtime`` of its signature replaced by ``const`` (typically the same names annotated
 ``tl.constexpr``), to a temporary module and compiles it from there (Triton reads a kernel's
 source from its file, so it cannot come from exec). The body is the committed one, so a timing
-difference is the signature's alone. Used by benchmarks/explore/tiled_hints.py and
-moe_specialise.py to ask whether compiling N, K and the strides as constants pays.
+difference is the signature's alone. Used by benchmarks/explore/tiled_hints.py (and
+once an MoE exploration, in git history) to ask whether compiling N, K and the strides as constants pays.
 """
 from __future__ import annotations
 
