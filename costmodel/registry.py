@@ -17,8 +17,9 @@ runtime, the CLI) asks the registry instead of importing an op's modules:
   ``suites`` of shapes, ``extra_features`` (added to the shared feature list; they
   enter the op's schema hash, so a new op never invalidates another op's model), and
   ``baselines``, the op's own baselines for the held-out evaluation (e.g. vLLM's tables);
-- ``train_defaults`` (TrainConfig defaults), ``features`` (the op's own feature module) and
-  ``cascade`` (how export splits the decision model for the runtime's cascade).
+- ``train_defaults`` (TrainConfig defaults), ``features`` (the op's own feature module),
+  ``cascade`` (how export splits the decision model for the runtime's cascade) and ``torch_op``
+  (the module of its torch custom ops, which serving.ops binds to the dispatcher).
 
 Adding an op: a folder of its own under kernels/ (space + implementation), a suite
 function, and one line in ``REGISTRY`` below; see README "Adding an op".
@@ -74,6 +75,9 @@ class OpSpec:
     # 'module:Class', a subclass of serving.runtime.Dispatcher that Dispatcher(op=...) returns for
     # this op ('' for the shared ranking dispatcher).
     dispatcher: str = ""
+    # The module of the op's torch custom ops (torch, triton: imported by serving.ops, which binds
+    # its decisions to them; see kernels/moe/torch_op.py), '' for an op without any.
+    torch_op: str = ""
 
     # -- the space (torch-free) ---------------------------------------------------------
     def space_module(self) -> ModuleType:
@@ -169,7 +173,7 @@ REGISTRY: dict[str, OpSpec] = {
                 "train": "gemm_costmodel.kernels.gemm.suites:training_suite"},
         # 16 kept: the prefix's best 16 hold the whole model's pick on 3,500 of 3,500 problems
         # (docs/decisions/063-gemm-model-defaults.md).
-        cascade={"keep": 16},
+        cascade={"keep": 16}, torch_op="gemm_costmodel.kernels.gemm.torch_op",
         # 1% grades (GEMV near-ties), M <= 2 trees of their own and a power-of-2-of-M shortlist:
         # docs/decisions/063-gemm-model-defaults.md.
         train_defaults={"rank_step": 1.01, "split_m": 2, "shortlist_tol": 1.03,
@@ -193,7 +197,7 @@ REGISTRY: dict[str, OpSpec] = {
                         "split_low_rows": "all", "split_low_weight": 20.0},
         # 48 kept: the miss left at 48 is within 2% of the whole model's pick, and each 8 more kept
         # rows cost the suffix's 240 trees (docs/decisions/064-fp8bs-model-defaults.md).
-        cascade={"keep": 48},
+        cascade={"keep": 48}, torch_op="gemm_costmodel.kernels.fp8_blockscale.torch_op",
         # The M = 1 GEMV's best config follows the power-of-two part of N and K; held-out match
         # 87.9% -> 89.0% (docs/decisions/064-fp8bs-model-defaults.md).
         extra_features=("log2_n_pow2", "log2_k_pow2"),
@@ -223,7 +227,7 @@ REGISTRY: dict[str, OpSpec] = {
                         "decode_weight": 4, "split_m": 4},
         # 64 kept: 1 miss in 676 problems, and a MoE decision is cached per layer shape, so the
         # extra suffix scoring is cheap (docs/decisions/065-moe-model-defaults.md).
-        cascade={"keep": 64},
+        cascade={"keep": 64}, torch_op="gemm_costmodel.kernels.moe.torch_op",
         features="gemm_costmodel.kernels.moe.features"),
     # AMD's CK a8w8 block-scale GEMM (AITER's gemm_a8w8_blockscale): a classifier over named CK kernels
     # learned from AITER's published tuning tables; nothing is timed or launched here

@@ -910,25 +910,28 @@ class Dispatcher:
             self._cache.clear()
 
 
-_default: Dispatcher | None = None
+# The process-wide dispatchers for the current GPU, by op (created on first use).
+_defaults: dict[str, Dispatcher] = {}
 _default_lock = threading.Lock()
 
 
-def default_dispatcher() -> Dispatcher:
-    """The process-wide dispatcher for the current GPU (created on first use)."""
-    global _default
-    if _default is None:
+def default_dispatcher(op: str) -> Dispatcher:
+    """The process-wide dispatcher of ``op`` for the current GPU (created on first use)."""
+    d = _defaults.get(op)
+    if d is None:
         with _default_lock:
-            if _default is None:
-                _default = Dispatcher()
-    return _default
+            d = _defaults.get(op)
+            if d is None:
+                registry.get(op)  # ValueError naming the known ops
+                d = _defaults[op] = Dispatcher(op=op)
+    return d
 
 
-def select(m: int, n: int, k: int, dtype: str = "bf16") -> Choice:
-    """default_dispatcher().select(...)."""
-    return default_dispatcher().select(m, n, k, dtype)
+def select(m: int, n: int, k: int, dtype: str = "bf16", *, op: str, **fields) -> Choice:
+    """default_dispatcher(op).select(...)."""
+    return default_dispatcher(op).select(m, n, k, dtype, **fields)
 
 
-def rank(m: int, n: int, k: int, dtype: str = "bf16", count: int = 8) -> list[Choice]:
-    """default_dispatcher().rank(...)."""
-    return default_dispatcher().rank(m, n, k, dtype, count)
+def rank(m: int, n: int, k: int, dtype: str = "bf16", count: int = 8, *, op: str, **fields) -> list[Choice]:
+    """default_dispatcher(op).rank(...)."""
+    return default_dispatcher(op).rank(m, n, k, dtype, count, **fields)
