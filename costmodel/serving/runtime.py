@@ -759,16 +759,19 @@ class Dispatcher:
                     self._warn_once(f"model scoring failed for {self.op} {what} ({problem}); this decision only, "
                                     "the model stays in use")
         sm = self.spec.sm_count if self.spec else (self.measured or {}).get("sm_count", 132)
-        # An op without pinned E and top_k (MoE) passes them to its rule.
-        kw = {} if self._op.fixed else {"e": e, "top_k": top_k}
+        # The op's own fields its rule takes (MoE: e, top_k).
+        fields = {"e": e, "top_k": top_k, **dict(zip(self._extra_names, extra))}
+        kw = {f: fields[f] for f in self._op.fallback_fields()}
         idx = np.flatnonzero(mask)
         i = self._op.fallback_rule()(m, n, k, sm, ct.candidate_dicts(idx), **kw)
         return [Choice(ct.ids[idx[i]], "heuristic")]
 
     def _model_scores(self, model, ct, dtype, n, k, e, top_k, extra) -> bool:
-        """Whether the model scores the M = 1 problem of the same (N, K, E, top_k, stage) with the
-        balanced routing: the probe that tells a broken model from one request it cannot score."""
-        probe = tuple("balanced" if f == "routing" else v for f, v in zip(self._extra_names, extra))
+        """Whether the model scores the M = 1 problem of the same N, K and fields, those with a
+        default in the op's Problem at that default (MoE: the balanced routing): the probe that
+        tells a broken model from one request it cannot score."""
+        defaults = self._field_defaults()
+        probe = tuple(defaults.get(f, v) for f, v in zip(self._extra_names, extra))
         try:
             idx = np.flatnonzero(self._mask(ct, 1, n, k))
             model.best(self._features(ct, idx, 1, n, k, dtype, e, top_k, probe), idx, 1)
@@ -776,16 +779,8 @@ class Dispatcher:
         except Exception:  # noqa: BLE001 - any failure of the probe means the model is unusable
             return False
 
-    def _extra(self, fields: dict) -> tuple:
-        """The op's extra problem fields (MoE: stage, routing) in order; ValueError naming a missing
-        or unknown one. Defaults come from the op's Problem (MoE: routing 'balanced')."""
-        names = self._extra_names
-        unknown = sorted(set(fields) - set(names))
-        if unknown:
-            raise ValueError(f"op {self.op} has no problem field {unknown[0]!r}"
-                             + (f" (its extra fields: {', '.join(names)})" if names else ""))
-        if not names:
-            return ()
+    def _field_defaults(self) -> dict:
+        """The defaults of the op's Problem fields (MoE: routing 'balanced')."""
         defaults = self._extra_defaults
         if defaults is None:  # once per dispatcher: the warm path stays a few dict lookups
             import dataclasses
@@ -793,6 +788,19 @@ class Dispatcher:
             defaults = self._extra_defaults = {f.name: f.default for f in
                                                dataclasses.fields(self._op.space_module().Problem)
                                                if f.default is not dataclasses.MISSING}
+        return defaults
+
+    def _extra(self, fields: dict) -> tuple:
+        """The op's extra problem fields (``OpSpec.extra_problem_fields``) in order; ValueError naming
+        a missing or unknown one. Defaults come from the op's Problem."""
+        names = self._extra_names
+        unknown = sorted(set(fields) - set(names))
+        if unknown:
+            raise ValueError(f"op {self.op} has no problem field {unknown[0]!r}"
+                             + (f" (its extra fields: {', '.join(names)})" if names else ""))
+        if not names:
+            return ()
+        defaults = self._field_defaults()
         out = []
         for f in names:
             if f in fields:
