@@ -453,6 +453,9 @@ class Dispatcher:
     (powers of two up to 16384), so serving starts with a warm cache.
     """
 
+    # op defaults to the dense GEMM here only: the shipped decisions test and the README's first
+    # example build Dispatcher(gpu_name=...) and must keep doing so; every other library function
+    # takes the op.
     def __new__(cls, *args, op: str = "gemm", **kwargs):
         # An op with a dispatcher of its own (registry ``dispatcher``, e.g. a classifier op naming
         # kernels) gets an instance of that subclass; Python then runs its __init__.
