@@ -22,7 +22,7 @@ runtime, the CLI) asks the registry instead of importing an op's modules:
   (the module of its torch custom ops, which serving.ops binds to the dispatcher).
 
 Adding an op: a folder of its own under kernels/ (space + implementation), a suite
-function, and one line in ``REGISTRY`` below; see README "Adding an op".
+function, and one line in ``REGISTRY`` below; see docs/adding-an-op.md.
 
 Torch-free (the serving path imports it): modules named here are imported on use.
 """
