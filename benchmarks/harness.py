@@ -218,9 +218,12 @@ def _say(bar, msg: str) -> None:
 def key_of(op: str, shape, candidate: str) -> tuple:
     """The store key of a (shape, candidate) of an op (see store.row_key)."""
     spec = registry.get(op)
-    e, top_k = getattr(shape, "e", spec.fixed.get("e", 1)), getattr(shape, "top_k", spec.fixed.get("top_k", 1))
-    return (op, shape.dtype, shape.m, shape.n, shape.k, e, top_k, candidate, getattr(shape, "stage", ""),
-            getattr(shape, "routing", ""))
+    ints, strs = registry.key_layout()
+
+    def value(c):
+        return getattr(shape, c, spec.fixed.get(c, registry.column_default(c)))
+
+    return (op, shape.dtype, shape.m, shape.n, shape.k, *(value(c) for c in ints), candidate, *(value(c) for c in strs))
 
 
 def shape_problem(spec, shape):
@@ -229,16 +232,15 @@ def shape_problem(spec, shape):
 
 
 def problem_row_fields(spec, problem) -> dict:
-    """The row columns of a problem beyond (m, n, k, dtype): the op's pinned fields and, for an
-    op with extra fields (MoE: e, top_k, stage, routing), those plus the routing's statistics."""
+    """The row columns of a problem beyond (m, n, k, dtype): the op's pinned fields, its own problem
+    fields, and the statistics its Problem reports (``row_stats()``, e.g. an MoE routing's)."""
     out = dict(spec.fixed)
     for f in spec.problem_fields:
-        if f not in ("m", "n", "k", "dtype"):
+        if f not in registry.SHARED_PROBLEM:
             out[f] = getattr(problem, f)
-    counts = getattr(problem, "counts", None)
-    if callable(counts):
-        c = counts()
-        out.update(tpe_max=int(max(c)), active_experts=int(sum(1 for v in c if v > 0)))
+    stats = getattr(problem, "row_stats", None)
+    if callable(stats):
+        out.update(stats())
     return out
 
 

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 # Reading row files lives below the store (gemm_costmodel.rows); the names stay importable here.
+from gemm_costmodel import registry
 from gemm_costmodel.rows import RowsError, read_rows  # noqa: F401
 
 FSYNC_INTERVAL_S = 1.0
@@ -40,13 +41,20 @@ def row_is_out_of_memory(row: dict) -> bool:
         row.get("status") != "ok" and "out of memory" in str(row.get("error", "")).lower())
 
 
+# The store key's extra problem columns (registry.key_layout) and their values in rows of ops
+# without them: rows of sweeps before the op registry carry no op, E or top_k (dense GEMM rows:
+# gemm, E = 1, top_k = 1); rows of one-stage ops carry no stage or routing ('').
+_KEY_INTS, _KEY_STRS = registry.key_layout()
+_KEY_DEFAULTS = {c: registry.column_default(c) for c in _KEY_INTS + _KEY_STRS}
+
+
 def row_key(row: dict) -> tuple:
-    """Identity of a measurement: (op, dtype, m, n, k, e, top_k, candidate, stage, routing). Rows of
-    sweeps before the op registry carry no op, E or top_k: dense GEMM rows (gemm, E = 1, top_k = 1);
-    rows of one-stage ops carry no stage or routing ('')."""
-    return (row.get("op", "gemm"), row["dtype"], int(row["m"]), int(row["n"]), int(row["k"]),
-            int(row.get("e", 1)), int(row.get("top_k", 1)), row["candidate"], row.get("stage", ""),
-            row.get("routing", ""))
+    """Identity of a measurement: (op, dtype, m, n, k, *integer fields, candidate, *string fields),
+    the ops' own problem fields (registry.key_layout; today e, top_k and stage, routing) at their
+    defaults where a row lacks them."""
+    return (row.get("op", registry.LEGACY_OP), row["dtype"], int(row["m"]), int(row["n"]), int(row["k"]),
+            *(int(row.get(c, _KEY_DEFAULTS[c])) for c in _KEY_INTS), row["candidate"],
+            *(row.get(c, _KEY_DEFAULTS[c]) for c in _KEY_STRS))
 
 
 class ResultStore:
@@ -135,11 +143,14 @@ class ResultStore:
             if isinstance(marker, list):  # the marker of older sweeps: the key alone
                 marker = {"key": marker, "deaths": 0}
             k = marker["key"]
+            ints, strs = len(_KEY_INTS), len(_KEY_STRS)
             if len(k) == 5:  # (dtype, m, n, k, candidate): a dense GEMM before the op registry
-                k = ["gemm", *k[:4], 1, 1, k[4]]
-            if len(k) == 8:  # before stages and routings: a one-stage op
-                k = [*k, "", ""]
-            key = (k[0], k[1], int(k[2]), int(k[3]), int(k[4]), int(k[5]), int(k[6]), k[7], k[8], k[9])
+                k = [registry.LEGACY_OP, *k[:4], *(_KEY_DEFAULTS[c] for c in _KEY_INTS), k[4]]
+            if len(k) == 6 + ints:  # before the string fields: a one-stage op
+                k = [*k, *(_KEY_DEFAULTS[c] for c in _KEY_STRS)]
+            if len(k) != 6 + ints + strs:
+                raise ValueError("not a key")
+            key = (k[0], k[1], *(int(v) for v in k[2:5 + ints]), k[5 + ints], *k[6 + ints:])
             deaths = int(marker.get("deaths", 0)) + 1
         except (ValueError, IndexError, TypeError, KeyError, AttributeError):
             return None

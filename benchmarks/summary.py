@@ -12,7 +12,7 @@ SHAPE_COLS = ["dtype", "m", "n", "k"]
 
 def problem_cols(df: pd.DataFrame) -> list[str]:
     """The columns of the rows' problem key: the op and, beyond SHAPE_COLS, every problem field (and
-    pinned field) the registry declares for the ops present (MoE: e, top_k, stage, routing), so two
+    pinned field) the registry declares for the ops present (e.g. MoE's), so two
     problems sharing (M, N, K) stay two. Frames without an op column are dense GEMM rows."""
     from gemm_costmodel import registry
 
@@ -27,7 +27,7 @@ def problem_cols(df: pd.DataFrame) -> list[str]:
 
 
 def _keyed(df: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
-    """``df`` with the key columns a mix of ops leaves empty (a dense row's stage) at their defaults:
+    """``df`` with the key columns a mix of ops leaves empty (another op's fields) at their defaults:
     groupby and merge would drop or mismatch NaN keys."""
     from gemm_costmodel.data.dataset import OPTIONAL_DEFAULTS
 
@@ -49,7 +49,7 @@ def load_rows(paths) -> pd.DataFrame:
 
 def per_shape(df: pd.DataFrame) -> pd.DataFrame:
     """One row per shape: oracle (best Triton ok p50), its id, cuBLAS p50, candidate counts."""
-    # By the op's full problem key: MoE problems of one (M, N, K) differ in E, top_k, stage, routing.
+    # By the op's full problem key: problems of one (M, N, K) may differ in the op's own fields.
     cols = problem_cols(df)
     df = _keyed(df, cols)
     ok = df[df["status"] == "ok"]
@@ -102,8 +102,14 @@ def summarize(df: pd.DataFrame, copy_gbps: float | None = None) -> str:
     wins = ps["oracle_variant"].value_counts()
     lines.append("Oracle variant counts: " + ", ".join(f"{k} {v}" for k, v in wins.items()) + "\n")
     if copy_gbps:
-        # The floor's bytes are a dense GEMM's (one weight): an MoE stage reads up to E of them.
-        dense = ps["e"] == 1 if "e" in ps.columns else ps["m"] > 0
+        # The floor's bytes are a dense GEMM's (one weight): rows whose integer problem fields beyond
+        # (M, N, K) sit at a dense GEMM's values (an MoE stage of E experts reads up to E weights).
+        from gemm_costmodel import registry
+
+        dense = ps["m"] > 0
+        for c in registry.key_layout()[0]:
+            if c in ps.columns:
+                dense &= ps[c] == registry.column_default(c)
         fl = hbm_floor(ps[(ps["m"] <= 64) & dense], copy_gbps)
         lines.append(f"### Decode (M <= 64) vs HBM floor (copy bandwidth {copy_gbps:.0f} GB/s)\n")
         lines.append("| dtype | M | N | K | weight MB | floor us | oracle us | oracle % floor | cuBLAS % floor |")

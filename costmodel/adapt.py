@@ -128,10 +128,9 @@ def choose(dispatcher, spec: registry.OpSpec, dtype: str, pool: list, picked: se
         key = problem_key(spec, s)
         if key in picked:
             continue
-        fields = {f: getattr(s, f) for f in spec.problem_fields}
-        extra = {f: fields[f] for f in spec.extra_problem_fields()}
-        kw = {} if spec.fixed else {"e": fields["e"], "top_k": fields["top_k"]}
-        ranked = dispatcher.rank(s.m, s.n, s.k, dtype, count=top + len(vendor), **kw, **extra)
+        # The op's own problem fields (beyond m, n, k, dtype) as the dispatcher's keywords.
+        own = {f: getattr(s, f) for f in spec.problem_fields if f not in registry.SHARED_PROBLEM}
+        ranked = dispatcher.rank(s.m, s.n, s.k, dtype, count=top + len(vendor), **own)
         cands = [c.candidate for c in ranked if c.candidate not in vendor][:top]
         if not cands:
             continue
@@ -261,7 +260,7 @@ def heldout_on_card(op: str, gpu_name: str, paths: list[str], jobs: int = 2, log
     on_card = (df["gpu_name"].astype(str) == gpu_name) & df["eval_shape"].astype(bool)
     if not on_card.any():
         return {}
-    df = df.assign(**{c: df[c].astype(str) for c in ("dtype", "gpu_name", "variant", "family", "stage", "routing")
+    df = df.assign(**{c: df[c].astype(str) for c in ("dtype", "gpu_name", "variant", "family", *registry.str_columns())
                       if c in df.columns})
     frames = []
     for fold in E.family_folds(df):

@@ -53,15 +53,11 @@ def _shapes_from_args(args):
     if getattr(args, "only", None):
         # Re-measuring chosen shapes of a suite keeps their origins (and so their family).
         listed = S.read_shape_csv(args.only)
-        stages = _only_stages(args.only)
-        if stages is None:
-            wanted = {(s.m, s.n, s.k, s.dtype) for s in listed}
-            out = [s for s in out if (s.m, s.n, s.k, s.dtype) in wanted]
-        else:
-            # A multi-stage op's re-measure of one stage: a stage column narrows it (the shape keys of
-            # two stages can coincide, e.g. a down N x K and a gate_up 2I x K).
-            wanted = {(s.m, s.n, s.k, s.dtype, st) for s, st in zip(listed, stages)}
-            out = [s for s in out if (s.m, s.n, s.k, s.dtype, getattr(s, "stage", "")) in wanted]
+        # Columns of the ops' own string fields narrow it further (an MoE re-measure of one stage:
+        # the shape keys of two stages can coincide, e.g. a down N x K and a gate_up 2I x K).
+        cols, values = _only_fields(args.only)
+        wanted = {(s.m, s.n, s.k, s.dtype, *v) for s, v in zip(listed, values)}
+        out = [s for s in out if (s.m, s.n, s.k, s.dtype, *(str(getattr(s, c, "")) for c in cols)) in wanted]
         if not out:
             raise ValueError(f"{args.only}: none of its shapes is in the selected suite and dtypes")
     if args.limit:
@@ -69,14 +65,18 @@ def _shapes_from_args(args):
     return out
 
 
-def _only_stages(path: str) -> list[str] | None:
-    """The ``stage`` column of an --only CSV, row by row (read_shape_csv's rows), else None."""
+def _only_fields(path: str) -> tuple[list[str], list[tuple]]:
+    """(columns, their values row by row: read_shape_csv's rows) of an --only CSV's columns that
+    name an op's string problem field (registry.str_columns(), e.g. MoE's stage)."""
     import csv
+
+    from gemm_costmodel import registry
 
     with open(path, newline="", encoding="utf-8-sig") as fh:
         reader = csv.DictReader(fh)
-        col = {c.strip().lower(): c for c in (reader.fieldnames or [])}.get("stage")
-        return None if col is None else [r[col].strip() for r in reader]
+        have = {c.strip().lower(): c for c in (reader.fieldnames or [])}
+        cols = [c for c in registry.str_columns() if c in have]
+        return cols, [tuple(r[have[c]].strip() for c in cols) for r in reader]
 
 
 def cmd_bench(args) -> int:
@@ -674,7 +674,7 @@ def cmd_adapt(args) -> int:
 
 def _missing_select_fields(args) -> str | None:
     """The first problem field of the op beyond (M, N, K, dtype, E, top_k) that its Problem has no
-    default for and the command line left out (moe: stage; routing defaults to balanced)."""
+    default for and the command line left out (e.g. MoE's stage)."""
     import dataclasses
 
     from gemm_costmodel import registry
@@ -689,10 +689,38 @@ def _missing_select_fields(args) -> str | None:
     return None
 
 
+def _problem_field_args(q) -> None:
+    """An option per problem field the ops declare beyond (M, N, K, dtype) (registry.columns():
+    e.g. --e, --top-k, --stage, --routing), its help naming the ops that take it."""
+    import dataclasses
+
+    from gemm_costmodel import registry
+
+    docs = registry.columns()
+    for c in registry.extra_columns():
+        kind = registry.column_kind(c)
+        takers = []
+        for spec in registry.REGISTRY.values():
+            if c not in spec.problem_fields:
+                continue
+            f = {x.name: x for x in dataclasses.fields(spec.space_module().Problem)}.get(c)
+            needed = (kind == "str" and f is not None and f.default is dataclasses.MISSING
+                      and f.default_factory is dataclasses.MISSING)
+            default = f" (default {f.default})" if f is not None and f.default is not dataclasses.MISSING else ""
+            takers.append(f"{'required with ' if needed else ''}--op {spec.name}{default}")
+        doc = docs[c][1] if c in docs else c
+        if kind == "int":
+            q.add_argument(f"--{c.replace('_', '-')}", type=int, default=registry.column_default(c),
+                           help=f"{doc}; {', '.join(takers)}")
+        else:
+            q.add_argument(f"--{c.replace('_', '-')}", default=None, help=f"{doc}; {', '.join(takers)}")
+
+
 def cmd_select(args) -> int:
     """Print the dispatcher's decision (or top k) for one problem."""
     import warnings
 
+    from gemm_costmodel import registry
     from gemm_costmodel.serving.runtime import Dispatcher
 
     dtype = args.dtype or _default_dtype(args.op)
@@ -707,8 +735,11 @@ def cmd_select(args) -> int:
         warnings.simplefilter("always")
         try:  # a bad --gpu or COSTMODEL_GPU_SPECS fails at construction, a bad problem at rank
             d = Dispatcher(gpu_name=args.gpu, models_dir=args.models, op=args.op)
-            extra = {f: getattr(args, f) for f in ("stage", "routing") if getattr(args, f, None) is not None}
-            choices = d.rank(args.m, args.n, args.k, dtype, count=args.top, e=args.e, top_k=args.top_k,
+            # The ops' own problem fields (registry.extra_columns(): options of their names); the
+            # integers always (a dense GEMM's values by default), the strings when given.
+            ints, strs = registry.key_layout()
+            extra = {f: getattr(args, f) for f in strs if getattr(args, f, None) is not None}
+            choices = d.rank(args.m, args.n, args.k, dtype, count=args.top, **{f: getattr(args, f) for f in ints},
                              **extra)
         except ValueError as exc:
             return _fail(str(exc))
@@ -1022,12 +1053,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--gpu", default="NVIDIA H100 80GB HBM3", help="GPU name (default: H100 SXM)")
     q.add_argument("--models", default=None, help="model folder (default: the shipped models)")
     q.add_argument("--top", type=int, default=1, help="show the model's top k")
-    q.add_argument("--e", type=int, default=1, help="experts (--op moe)")
-    q.add_argument("--top-k", type=int, default=1, help="experts per token (--op moe)")
-    q.add_argument("--stage", default=None, choices=["gate_up", "down"],
-                   help="required with --op moe: the stage (gate_up: N = 2 x intermediate, K = hidden; down: "
-                        "N = hidden, K = intermediate)")
-    q.add_argument("--routing", default=None, help="--op moe: routing id (default balanced)")
+    _problem_field_args(q)
     q.set_defaults(func=cmd_select)
 
     v = sub.add_parser("export-vllm", help="write vLLM tuned-config files from the dispatcher's picks: w8a8 block "

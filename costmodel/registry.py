@@ -17,17 +17,20 @@ runtime, the CLI) asks the registry instead of importing an op's modules:
   ``suites`` of shapes, ``extra_features`` (added to the shared feature list; they
   enter the op's schema hash, so a new op never invalidates another op's model), and
   ``baselines``, the op's own baselines for the held-out evaluation (e.g. vLLM's tables);
-- ``train_defaults`` (TrainConfig defaults), ``features`` (the op's own feature module) and
-  ``cascade`` (how export splits the decision model for the runtime's cascade).
+- ``train_defaults`` (TrainConfig defaults), ``features`` (the op's own feature module),
+  ``cascade`` (how export splits the decision model for the runtime's cascade) and ``torch_op``
+  (the module of its torch custom ops, which serving.ops binds to the dispatcher).
 
 Adding an op: a folder of its own under kernels/ (space + implementation), a suite
-function, and one line in ``REGISTRY`` below; see README "Adding an op".
+function, and one line in ``REGISTRY`` below; see docs/adding-an-op.md.
 
 Torch-free (the serving path imports it): modules named here are imported on use.
 """
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Callable
@@ -74,6 +77,16 @@ class OpSpec:
     # 'module:Class', a subclass of serving.runtime.Dispatcher that Dispatcher(op=...) returns for
     # this op ('' for the shared ranking dispatcher).
     dispatcher: str = ""
+    # The module of the op's torch custom ops (torch, triton: imported by serving.ops, which binds
+    # its decisions to them; see kernels/moe/torch_op.py), '' for an op without any.
+    torch_op: str = ""
+    # Dataset columns this op adds to the shared ones: name -> (kind, description, the value rows
+    # of ops without it carry). Its problem fields beyond (m, n, k, dtype) and any per-row
+    # statistics of its problems; shared code reads them through ``columns()``.
+    columns: dict = field(default_factory=dict)
+    # 'module:function' (numpy) checking a whole frame of rows on read: (column, first bad row,
+    # what is wrong) or None; e.g. the MoE op's top_k <= E. '' for none.
+    frame_check: str = ""
 
     # -- the space (torch-free) ---------------------------------------------------------
     def space_module(self) -> ModuleType:
@@ -99,7 +112,7 @@ class OpSpec:
             try:
                 kw[f] = int(v)
             except (TypeError, ValueError):  # None, a list, an array: name the field, not int()'s complaint
-                raise ValueError(f"{f} must be {'a str' if f in ('dtype', 'stage', 'routing') else 'an int'}, "
+                raise ValueError(f"{f} must be {'a str' if column_kind(f) == 'str' else 'an int'}, "
                                  f"got {type(v).__name__} {v!r}"[:200]) from None
         return self.space_module().Problem(**kw)
 
@@ -111,7 +124,7 @@ class OpSpec:
         """ValueError naming the first field that differs from the value the op pins."""
         for f, want in self.fixed.items():
             if f in fields and fields[f] != want:
-                label = {"e": "E"}.get(f, f)
+                label = column_label(f)
                 raise ValueError(f"{label}={fields[f]!r} is not a {self.name} problem ({self.name} has {label} = "
                                  f"{want}); expert-parallel GEMMs are another op")
 
@@ -130,6 +143,21 @@ class OpSpec:
     # -- decisions without a model ---------------------------------------------------
     def fallback_rule(self) -> Callable:
         return _resolve(self.fallback)
+
+    def fallback_fields(self) -> tuple[str, ...]:
+        """The problem fields beyond (m, n, k, dtype) that the fallback rule takes as keywords (the
+        MoE rule: e, top_k), which every caller passes as ``rule(m, n, k, sm_count, cands, **kw)``."""
+        return _fallback_fields(self.name)
+
+    def shape_id_suffix(self, values: dict) -> str:
+        """The part of a shape id after dtype:MxNxK for the op's extra problem fields (``values``:
+        field -> value): the space module's ``SHAPE_ID`` format if it has one (MoE:
+        ':e{e}k{top_k}:{stage}:{routing}'), else ':'-joined values; '' for an op without any."""
+        extra = [f for f in self.problem_fields if f not in SHARED_PROBLEM]
+        if not extra:
+            return ""
+        fmt = getattr(self.space_module(), "SHAPE_ID", None)
+        return fmt.format(**values) if fmt else "".join(f":{values[f]}" for f in extra)
 
     def baseline_picks(self, ev, train_ev) -> dict:
         """Op-specific baselines on evaluation rows: {method: pandas Series, shape id -> the
@@ -169,7 +197,7 @@ REGISTRY: dict[str, OpSpec] = {
                 "train": "gemm_costmodel.kernels.gemm.suites:training_suite"},
         # 16 kept: the prefix's best 16 hold the whole model's pick on 3,500 of 3,500 problems
         # (docs/decisions/063-gemm-model-defaults.md).
-        cascade={"keep": 16},
+        cascade={"keep": 16}, torch_op="gemm_costmodel.kernels.gemm.torch_op",
         # 1% grades (GEMV near-ties), M <= 2 trees of their own and a power-of-2-of-M shortlist:
         # docs/decisions/063-gemm-model-defaults.md.
         train_defaults={"rank_step": 1.01, "split_m": 2, "shortlist_tol": 1.03,
@@ -193,7 +221,7 @@ REGISTRY: dict[str, OpSpec] = {
                         "split_low_rows": "all", "split_low_weight": 20.0},
         # 48 kept: the miss left at 48 is within 2% of the whole model's pick, and each 8 more kept
         # rows cost the suffix's 240 trees (docs/decisions/064-fp8bs-model-defaults.md).
-        cascade={"keep": 48},
+        cascade={"keep": 48}, torch_op="gemm_costmodel.kernels.fp8_blockscale.torch_op",
         # The M = 1 GEMV's best config follows the power-of-two part of N and K; held-out match
         # 87.9% -> 89.0% (docs/decisions/064-fp8bs-model-defaults.md).
         extra_features=("log2_n_pow2", "log2_k_pow2"),
@@ -223,7 +251,13 @@ REGISTRY: dict[str, OpSpec] = {
                         "decode_weight": 4, "split_m": 4},
         # 64 kept: 1 miss in 676 problems, and a MoE decision is cached per layer shape, so the
         # extra suffix scoring is cheap (docs/decisions/065-moe-model-defaults.md).
-        cascade={"keep": 64},
+        cascade={"keep": 64}, torch_op="gemm_costmodel.kernels.moe.torch_op",
+        columns={"e": ("int", "experts (1 for dense)", 1), "top_k": ("int", "experts per token (1 for dense)", 1),
+                 "stage": ("str", "the op's stage ('' for one-stage ops; moe: gate_up or down)", ""),
+                 "routing": ("str", "routing id of an MoE problem (kernels/moe/routing.py; '' for dense)", ""),
+                 "tpe_max": ("int", "tokens of the busiest expert (MoE; 0 = n/a)", 0),
+                 "active_experts": ("int", "experts with at least one token (MoE; 0 = n/a)", 0)},
+        frame_check="gemm_costmodel.kernels.moe.space:frame_check",
         features="gemm_costmodel.kernels.moe.features"),
     # MoE training's expert GEMMs (docs/ops/grouped_gemm.md): fwd, dgrad and wgrad (the problem's stage) over
     # E groups of routed tokens; the routing is part of the problem. Vendor: torch._grouped_mm.
@@ -240,6 +274,7 @@ REGISTRY: dict[str, OpSpec] = {
                         "waves_real", "wave_efficiency_real", "log2_k_steps_max", "log2_t_flops_us",
                         "log2_t_bytes_us"),
         baselines="gemm_costmodel.kernels.grouped_gemm.baselines:picks",
+        torch_op="gemm_costmodel.kernels.grouped_gemm.torch_op",
         features="gemm_costmodel.kernels.grouped_gemm.features"),
     # AMD's CK a8w8 block-scale GEMM (AITER's gemm_a8w8_blockscale): a classifier over named CK kernels
     # learned from AITER's published tuning tables; nothing is timed or launched here
@@ -261,6 +296,13 @@ DEFAULT_OP = "gemm"
 # The op of data written before the op registry (rows, tuned tables, models without an op field):
 # dense GEMM. A data-format rule, not an argument default: library functions take the op.
 LEGACY_OP = "gemm"
+
+
+@functools.lru_cache(maxsize=None)
+def _fallback_fields(name: str) -> tuple[str, ...]:
+    spec = get(name)
+    params = inspect.signature(spec.fallback_rule()).parameters
+    return tuple(f for f in spec.problem_fields if f not in SHARED_PROBLEM and f in params)
 
 
 def get(name: str) -> OpSpec:
@@ -291,3 +333,59 @@ def shape_columns() -> list[str]:
     stage, routing)."""
     base = ["dtype", "m", "n", "k"]
     return base + [c for c in problem_columns() if c not in base]
+
+
+# The problem columns every op shares, with their kinds.
+SHARED_PROBLEM = {"m": "int", "n": "int", "k": "int", "dtype": "str"}
+
+
+def columns() -> dict[str, tuple[str, str, object]]:
+    """The dataset columns the ops declare beyond the shared ones (``OpSpec.columns``: kind,
+    description, the value of rows of other ops), in registry order, first declaration first."""
+    out: dict[str, tuple] = {}
+    for spec in REGISTRY.values():
+        for c, v in spec.columns.items():
+            out.setdefault(c, tuple(v))
+    return out
+
+
+def column_kind(name: str) -> str:
+    """'int' or 'str': the kind of a problem column (a shared one, or one an op declares; a column
+    only pinned takes its pinned value's kind)."""
+    if name in SHARED_PROBLEM:
+        return SHARED_PROBLEM[name]
+    declared = columns()
+    if name in declared:
+        return declared[name][0]
+    for spec in REGISTRY.values():
+        if name in spec.fixed:
+            return "str" if isinstance(spec.fixed[name], str) else "int"
+    raise ValueError(f"no op declares a column {name!r}")
+
+
+def column_label(name: str) -> str:
+    """How messages name a column: E for the experts, as the docs and vLLM write it."""
+    return {"e": "E"}.get(name, name)
+
+
+def column_default(name: str):
+    """The value of column ``name`` in rows of ops without that field (e.g. a dense GEMM's E)."""
+    return columns()[name][2]
+
+
+def extra_columns() -> tuple[str, ...]:
+    """The problem columns beyond the shared (m, n, k, dtype), in registry order (e.g. MoE's)."""
+    return tuple(c for c in problem_columns() if c not in SHARED_PROBLEM)
+
+
+def str_columns() -> tuple[str, ...]:
+    """The extra problem columns holding strings (frames keep them as str or categories)."""
+    return tuple(c for c in extra_columns() if column_kind(c) == "str")
+
+
+def key_layout() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(integer columns, string columns) of the extra problem columns, as the harness store key
+    lays them out: (op, dtype, m, n, k, *integers, candidate, *strings). The layout keeps the keys
+    of sweeps from before the string fields existed a prefix of today's."""
+    ints = tuple(c for c in extra_columns() if column_kind(c) == "int")
+    return ints, str_columns()

@@ -225,3 +225,9 @@ def launch_args(x: torch.Tensor, w: torch.Tensor, out, scale_a, scale_b):
         out = alloc_output(x, w)
     has_scale = x.dtype == torch.float8_e4m3fn
     return M, N, K, out, has_scale, (scale_a if has_scale else x), (scale_b if has_scale else x)
+
+
+def rel_diff(y: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative Frobenius distance of y from ref (fp32 ref): how the ops' unsure mode tells a
+    candidate that disagrees with the model's first choice."""
+    return (torch.linalg.vector_norm(y.float() - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30)).item()

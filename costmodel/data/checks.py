@@ -13,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from gemm_costmodel import registry
+
 # Ops of imported tables (costmodel import): other projects' kernels, never trained on, so only
 # their op name is checked.
 IMPORTED_OPS = ("gemm", "fused_moe", "fused_moe_blockscale")
@@ -36,8 +38,6 @@ def _fmt(values) -> str:
 def check_rows(df: pd.DataFrame) -> list[str]:
     """Every problem found in raw, schema-validated rows (``dataset.read_file``'s frames,
     concatenated), one message each; [] when the rows are fine."""
-    from gemm_costmodel import registry
-
     errors: list[str] = []
     op = df["op"].astype(str)
     harness = (df["source"].astype(str) == "harness").to_numpy()
@@ -70,21 +70,21 @@ def _check_op(d: pd.DataFrame, spec) -> list[str]:
     if bad.any():
         errors.append(f"column 'dtype': {int(bad.sum())} rows of dtype(s) {_fmt(sorted(set(d.loc[bad, 'dtype'].astype(str))))} "
                       f"the op does not take (it takes: {', '.join(spec.dtypes)})")
-    # Fields the op pins (a dense GEMM's E = 1, top_k = 1), and row fields of other ops left at their
-    # defaults (a dense GEMM has no stage or routing).
+    # Fields the op pins (a dense GEMM's E = 1, top_k = 1), and problem fields of other ops left at
+    # their defaults (registry.columns()).
     for col, want in spec.fixed.items():
         bad = d[col] != want
         if bad.any():
             errors.append(f"column {col!r}: {int(bad.sum())} rows with {col} != {want}, e.g. "
                           f"{_fmt(sorted(set(d.loc[bad, col].tolist())))} (op {spec.name} has {col} = {want})")
-    for col in ("e", "top_k", "stage", "routing"):
+    for col in registry.extra_columns():
         if col in spec.problem_fields or col in spec.fixed:
             continue
         bad = d[col] != OPTIONAL_DEFAULTS[col]
         if bad.any():
             errors.append(f"column {col!r}: {int(bad.sum())} rows with values {_fmt(sorted(set(d.loc[bad, col].tolist())))}; "
                           f"op {spec.name} has no {col} (must be {OPTIONAL_DEFAULTS[col]!r})")
-    # Each distinct problem through the op's own Problem: ranges, stages, routings.
+    # Each distinct problem through the op's own Problem: its ranges and values.
     fields = list(spec.problem_fields)
     problems = d[fields].drop_duplicates()
     bad_problems = []
@@ -129,7 +129,7 @@ def _check_conflicts(df: pd.DataFrame) -> list[str]:
     if ok.empty:
         return []
     cols = KEY + ["gpu_uuid"]
-    g = ok.groupby([ok[c].astype(str) if c in ("stage", "routing") else ok[c] for c in cols],
+    g = ok.groupby([ok[c].astype(str) if c in registry.str_columns() else ok[c] for c in cols],
                    observed=True, sort=False)["p50_us"]
     lo, hi = g.min(), g.max()
     ratio = hi / lo
@@ -145,8 +145,6 @@ def _check_conflicts(df: pd.DataFrame) -> list[str]:
 def problem_counts(df: pd.DataFrame) -> dict[str, int]:
     """Distinct problems per op, by the op's full key (its ``problem_fields``; MoE: E, top_k, stage
     and routing too), over every GPU."""
-    from gemm_costmodel import registry
-
     out = {}
     for name, d in df.groupby(df["op"].astype(str), sort=True):
         fields = list(registry.get(name).problem_fields) if name in registry.names() else \

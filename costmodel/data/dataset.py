@@ -28,17 +28,14 @@ DTYPES = ("bf16", "fp16", "fp8", "fp32")
 SOURCES = ("harness", "csv", "vllm")
 
 # column -> (kind, description with unit). kind: int, float, bool, str.
+# The shared columns, then the columns the ops declare (registry.columns(): e.g. the MoE op's E,
+# top_k, stage, routing and routing statistics), then the shared rest; the order is the files'.
 SCHEMA: dict[str, tuple[str, str]] = {
     "op": ("str", "operation: gemm (dense) or fused_moe"),
     "m": ("int", "rows of x / tokens"),
     "n": ("int", "output features (rows of the weight)"),
     "k": ("int", "reduction dim"),
-    "e": ("int", "experts (1 for dense)"),
-    "top_k": ("int", "experts per token (1 for dense)"),
-    "stage": ("str", "the op's stage ('' for one-stage ops; moe: gate_up or down)"),
-    "routing": ("str", "routing id of an MoE problem (kernels/moe/routing.py; '' for dense)"),
-    "tpe_max": ("int", "tokens of the busiest expert (MoE; 0 = n/a)"),
-    "active_experts": ("int", "experts with at least one token (MoE; 0 = n/a)"),
+    **{c: (kind, doc) for c, (kind, doc, _) in registry.columns().items()},
     "dtype": ("str", "input dtype: bf16, fp16, fp8 (e4m3, bf16 out), fp32"),
     "candidate": ("str", "config id (kernels/gemm/space.py) or 'cublas'"),
     "variant": ("str", "tiled, splitk, persistent, vendor (or the foreign kernel family)"),
@@ -77,8 +74,8 @@ SCHEMA: dict[str, tuple[str, str]] = {
     "seed": ("int", "sweep seed (inputs and candidate sampling)"),
     "suite": ("str", "name of the sweep that measured the row"),
 }
-OPTIONAL_DEFAULTS = {"op": "gemm", "e": 1, "top_k": 1, "stage": "", "routing": "", "tpe_max": 0,
-                     "active_experts": 0, "source": "harness", "family": "user", "origins": "",
+OPTIONAL_DEFAULTS = {"op": registry.LEGACY_OP, **{c: v for c, (_, _, v) in registry.columns().items()},
+                     "source": "harness", "family": "user", "origins": "",
                      "rel_err": float("nan"), "error": "", "n_samples": 0, "n_inner": 0, "n_copies": 0,
                      "l2_policy": "", "seed": 0, "suite": ""}
 # Two GPUs of one arch (H100, H200: both sm90) are different machines to the cost
@@ -91,7 +88,10 @@ MAX_FILE_BYTES = 50 * 2**20
 PARAM_COLS = ("block_m", "block_n", "block_k", "group_m", "split_k", "num_warps", "num_stages")
 TRITON_REQUIRED = ("block_m", "block_n", "block_k", "num_warps", "num_stages")
 # Counts where 0 means unknown or n/a and a negative value means a broken writer.
-COUNT_COLS = PARAM_COLS + ("sm_count", "n_samples", "n_inner", "n_copies", "tpe_max", "active_experts")
+COUNT_COLS = PARAM_COLS + ("sm_count", "n_samples", "n_inner", "n_copies") + tuple(
+    c for c, (kind, _, _) in registry.columns().items() if kind == "int" and c not in registry.problem_columns())
+# Problem columns of integers: sizes and counts, all >= 1.
+_POSITIVE = tuple(c for c in registry.problem_columns() if registry.column_kind(c) == "int")
 
 
 def schema_hash() -> str:
@@ -153,16 +153,18 @@ def validate(df: pd.DataFrame, name: str) -> pd.DataFrame:
                 out[col] = s.fillna("").astype(str)
         except (ValueError, TypeError) as exc:
             raise DataError(f"{name}: column {col!r}: {exc}") from None
-    for col in ("m", "n", "k", "e", "top_k"):
+    for col in _POSITIVE:
         bad = out[col] <= 0
         if bad.any():
             raise DataError(f"{name}: column {col!r}: non-positive value {int(out.loc[bad, col].iloc[0])} "
                             f"in row {_first(bad)}")
-    bad = out["top_k"] > out["e"]
-    if bad.any():
-        i = _first(bad)
-        raise DataError(f"{name}: column 'top_k': {out['top_k'].iat[i]} experts per token > e = {out['e'].iat[i]} "
-                        f"in row {i}")
+    # Rules across an op's columns (registry frame_check, e.g. the MoE op's top_k <= E).
+    for spec in registry.REGISTRY.values():
+        if spec.frame_check:
+            bad = registry._resolve(spec.frame_check)({c: out[c].to_numpy() for c in spec.columns})
+            if bad is not None:
+                col, i, what = bad
+                raise DataError(f"{name}: column {col!r}: {what} in row {i}")
     for col, allowed in (("dtype", DTYPES), ("status", STATUSES), ("source", SOURCES)):
         bad = ~out[col].isin(allowed)
         if bad.any():
@@ -374,7 +376,7 @@ def merge_duplicates(df: pd.DataFrame) -> pd.DataFrame:
 def typed(df: pd.DataFrame) -> pd.DataFrame:
     """Categoricals for the low-cardinality string columns."""
     df = df.copy()
-    for col in ("op", "dtype", "variant", "status", "source", "arch", "gpu_name", "family", "stage", "routing"):
+    for col in ("op", "dtype", "variant", "status", "source", "arch", "gpu_name", "family", *registry.str_columns()):
         df[col] = df[col].astype("category")
     return df
 
@@ -404,7 +406,7 @@ def unresolved_oom(df: pd.DataFrame) -> pd.Series:
     oom = is_oom(df)
     if not oom.any():
         return oom
-    # Frames of raw rows may lack the later key columns (stage, routing: one-stage ops).
+    # Frames of raw rows may lack the key columns of ops they hold no rows of.
     redone = (~oom).groupby([df[c] for c in KEY + ["suite"] if c in df.columns], sort=False,
                             observed=True).transform("any")
     return oom & ~redone

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import pandas as pd
 
+from gemm_costmodel import registry
+
 # Failures that say nothing against the measurement: the config cannot run the shape.
 CONFIG_FAILURES = ("compile_error", "out_of_resources", "unsupported")
 STATUS_ORDER = ("ok", "wrong", "compile_error", "out_of_resources", "out_of_memory", "crash", "unsupported")
 WARN_FRACTION = 0.01
-# Shape columns, in label order; raw harness rows lack some of them (op, e, top_k).
-_SHAPE_COLS = ("arch", "gpu_name", "op", "dtype", "m", "n", "k", "e", "top_k", "stage", "routing")
+# Shape columns, in label order; raw harness rows lack some of them (op, the ops' own columns).
+_SHAPE_COLS = ("arch", "gpu_name", "op", "dtype", "m", "n", "k", *registry.extra_columns())
 
 
 def mislabelled_oom(rows: pd.DataFrame) -> pd.Series:
@@ -47,9 +49,11 @@ def _counts(kinds: pd.Series) -> str:
 
 def _label(key: dict) -> str:
     text = f"{key.get('dtype', '?')}:{key.get('m', '?')}x{key.get('n', '?')}x{key.get('k', '?')}"
-    if str(key.get("op", "gemm")) != "gemm":
-        text = f"{key['op']} {text} E={key.get('e', '?')} top_k={key.get('top_k', '?')}"
-        for extra in ("stage", "routing"):
+    if str(key.get("op", registry.LEGACY_OP)) != registry.LEGACY_OP:
+        # The ops' own problem columns: the integers always, the strings when set.
+        ints, strs = registry.key_layout()
+        text = " ".join([f"{key['op']} {text}", *(f"{registry.column_label(c)}={key.get(c, '?')}" for c in ints)])
+        for extra in strs:
             if key.get(extra):
                 text += f" {extra}={key[extra]}"
     if "gpu_name" in key:

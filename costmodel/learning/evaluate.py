@@ -83,20 +83,17 @@ def per_shape(ev: pd.DataFrame, score: np.ndarray) -> pd.DataFrame:
     tri = t[t["candidate"] != vendor]
     out["triton_pick_us"] = tri.groupby("sid")["p50_us"].first().reindex(out.index)
     out["triton_oracle_us"] = tri.groupby("sid")["p50_us"].min().reindex(out.index)
-    # An op without pinned E and top_k (MoE), or with extra fields (grouped_gemm's pass and routing), also
-    # carries E, top_k and its extra fields (stage, routing).
+    # An op's own problem fields (beyond m, n, k, dtype) join the results and its shape ids.
     spec = op_of(ev)
-    extra = [] if spec.fixed and not spec.extra_problem_fields() else [
-        c for c in ("e", "top_k", *spec.extra_problem_fields()) if c in ev.columns]
+    extra = [c for c in spec.problem_fields if c not in registry.SHARED_PROBLEM and c in ev.columns]
     meta = ev.drop_duplicates("sid").set_index("sid")[["gpu_name", "dtype", "m", "n", "k", "family", "origins",
                                                        *extra]]
     out = out.join(meta)
     out["shape"] = (out["gpu_name"].astype(str) + ":" + out["dtype"].astype(str) + ":" + out["m"].astype(str) + "x"
                     + out["n"].astype(str) + "x" + out["k"].astype(str))
     if extra:
-        out["shape"] += ":e" + out["e"].astype(str) + "k" + out["top_k"].astype(str)
-        for c in extra[2:]:
-            out["shape"] += ":" + out[c].astype(str)
+        vals = out[extra].astype(object).to_dict("records")
+        out["shape"] += pd.Series([spec.shape_id_suffix({c: str(v[c]) for c in extra}) for v in vals], index=out.index)
     return out
 
 
@@ -156,8 +153,8 @@ def _fallback_rank(ev: pd.DataFrame) -> np.ndarray:
         r = g.iloc[0]
         sm = hardware.spec_for(str(r["gpu_name"])).sm_count
         cands = g[["variant", *F.PARAMS]].astype({"variant": str}).to_dict("records")
-        # An op without pinned E and top_k (MoE) passes them to its rule, as the runtime does.
-        kw = {} if spec.fixed else {"e": int(r["e"]), "top_k": int(r["top_k"])}
+        # The op's own fields its rule takes (MoE: e, top_k), as the runtime passes them.
+        kw = {f: int(r[f]) for f in spec.fallback_fields()}
         out[g.index[choose(int(r["m"]), int(r["n"]), int(r["k"]), sm, cands, **kw)]] = 0
     return out
 

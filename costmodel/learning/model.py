@@ -401,7 +401,7 @@ class CostModel:
     @staticmethod
     def _op(df) -> str:
         """The op of the rows (one op per model; rows without an op column are dense GEMM rows)."""
-        ops = sorted(df["op"].astype(str).unique()) if "op" in df.columns else ["gemm"]
+        ops = sorted(df["op"].astype(str).unique()) if "op" in df.columns else [registry.LEGACY_OP]
         if len(ops) != 1:
             raise ValueError(f"one op per model, got rows of {', '.join(ops)}")
         return ops[0]

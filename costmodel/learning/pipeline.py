@@ -66,8 +66,8 @@ def load_training_frame(paths=None, root: str = "datasets", dtypes=None, arch: s
         raise D.DataError(f"unknown GPU {unknown[0]!r} in the data: describe it with "
                           "gemm_costmodel.kernels.hardware.register() or COSTMODEL_GPU_SPECS")
     # Categories of filtered-out values would linger in groupbys and tables.
-    return out.assign(**{c: out[c].astype(str) for c in ("dtype", "gpu_name", "variant", "family", "stage", "routing")}
-                      ).reset_index(drop=True)
+    return out.assign(**{c: out[c].astype(str) for c in ("dtype", "gpu_name", "variant", "family",
+                                                         *registry.str_columns())}).reset_index(drop=True)
 
 
 # The least a model may be trained on, per dtype: problems (the op's full key, per GPU) with at least

@@ -526,9 +526,12 @@ def problem_columns(m: int, n: int, k: int, dtype: str, spec: GpuSpec, variant_c
 
 
 def frame_op(df) -> str:
-    """The one op of a frame's rows ('gemm' without an op column); ValueError for several."""
+    """The one op of a frame's rows (rows without an op column: registry.LEGACY_OP's); ValueError
+    for several."""
     if "op" not in df.columns or len(df) == 0:
-        return "gemm"
+        from gemm_costmodel import registry
+
+        return registry.LEGACY_OP
     ops = sorted(df["op"].astype(str).unique())
     if len(ops) != 1:
         raise ValueError(f"one op per feature matrix, got rows of {', '.join(ops)}")

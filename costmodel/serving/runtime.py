@@ -472,6 +472,9 @@ class Dispatcher:
     (powers of two up to 16384), so serving starts with a warm cache.
     """
 
+    # op defaults to the dense GEMM here only: the shipped decisions test and the README's first
+    # example build Dispatcher(gpu_name=...) and must keep doing so; every other library function
+    # takes the op.
     def __new__(cls, *args, op: str = "gemm", **kwargs):
         # An op with a dispatcher of its own (registry ``dispatcher``, e.g. a classifier op naming
         # kernels) gets an instance of that subclass; Python then runs its __init__.
@@ -786,16 +789,19 @@ class Dispatcher:
                     self._warn_once(f"model scoring failed for {self.op} {what} ({problem}); this decision only, "
                                     "the model stays in use")
         sm = self.spec.sm_count if self.spec else (self.measured or {}).get("sm_count", 132)
-        # An op without pinned E and top_k (MoE) passes them to its rule.
-        kw = {} if self._op.fixed else {"e": e, "top_k": top_k}
+        # The op's own fields its rule takes (MoE: e, top_k).
+        fields = {"e": e, "top_k": top_k, **dict(zip(self._extra_names, extra))}
+        kw = {f: fields[f] for f in self._op.fallback_fields()}
         idx = np.flatnonzero(mask)
         i = self._op.fallback_rule()(m, n, k, sm, ct.candidate_dicts(idx), **kw)
         return [Choice(ct.ids[idx[i]], "heuristic")]
 
     def _model_scores(self, model, ct, dtype, n, k, e, top_k, extra) -> bool:
-        """Whether the model scores the M = 1 problem of the same (N, K, E, top_k, stage) with the
-        balanced routing: the probe that tells a broken model from one request it cannot score."""
-        probe = tuple("balanced" if f == "routing" else v for f, v in zip(self._extra_names, extra))
+        """Whether the model scores the M = 1 problem of the same N, K and fields, those with a
+        default in the op's Problem at that default (MoE: the balanced routing): the probe that
+        tells a broken model from one request it cannot score."""
+        defaults = self._field_defaults()
+        probe = tuple(defaults.get(f, v) for f, v in zip(self._extra_names, extra))
         try:
             idx = np.flatnonzero(self._mask(ct, 1, n, k))
             model.best(self._features(ct, idx, 1, n, k, dtype, e, top_k, probe), idx, 1)
@@ -803,16 +809,8 @@ class Dispatcher:
         except Exception:  # noqa: BLE001 - any failure of the probe means the model is unusable
             return False
 
-    def _extra(self, fields: dict) -> tuple:
-        """The op's extra problem fields (MoE: stage, routing) in order; ValueError naming a missing
-        or unknown one. Defaults come from the op's Problem (MoE: routing 'balanced')."""
-        names = self._extra_names
-        unknown = sorted(set(fields) - set(names))
-        if unknown:
-            raise ValueError(f"op {self.op} has no problem field {unknown[0]!r}"
-                             + (f" (its extra fields: {', '.join(names)})" if names else ""))
-        if not names:
-            return ()
+    def _field_defaults(self) -> dict:
+        """The defaults of the op's Problem fields (MoE: routing 'balanced')."""
         defaults = self._extra_defaults
         if defaults is None:  # once per dispatcher: the warm path stays a few dict lookups
             import dataclasses
@@ -820,6 +818,19 @@ class Dispatcher:
             defaults = self._extra_defaults = {f.name: f.default for f in
                                                dataclasses.fields(self._op.space_module().Problem)
                                                if f.default is not dataclasses.MISSING}
+        return defaults
+
+    def _extra(self, fields: dict) -> tuple:
+        """The op's extra problem fields (``OpSpec.extra_problem_fields``) in order; ValueError naming
+        a missing or unknown one. Defaults come from the op's Problem."""
+        names = self._extra_names
+        unknown = sorted(set(fields) - set(names))
+        if unknown:
+            raise ValueError(f"op {self.op} has no problem field {unknown[0]!r}"
+                             + (f" (its extra fields: {', '.join(names)})" if names else ""))
+        if not names:
+            return ()
+        defaults = self._field_defaults()
         out = []
         for f in names:
             if f in fields:
@@ -937,25 +948,28 @@ class Dispatcher:
             self._cache.clear()
 
 
-_default: Dispatcher | None = None
+# The process-wide dispatchers for the current GPU, by op (created on first use).
+_defaults: dict[str, Dispatcher] = {}
 _default_lock = threading.Lock()
 
 
-def default_dispatcher() -> Dispatcher:
-    """The process-wide dispatcher for the current GPU (created on first use)."""
-    global _default
-    if _default is None:
+def default_dispatcher(op: str) -> Dispatcher:
+    """The process-wide dispatcher of ``op`` for the current GPU (created on first use)."""
+    d = _defaults.get(op)
+    if d is None:
         with _default_lock:
-            if _default is None:
-                _default = Dispatcher()
-    return _default
+            d = _defaults.get(op)
+            if d is None:
+                registry.get(op)  # ValueError naming the known ops
+                d = _defaults[op] = Dispatcher(op=op)
+    return d
 
 
-def select(m: int, n: int, k: int, dtype: str = "bf16") -> Choice:
-    """default_dispatcher().select(...)."""
-    return default_dispatcher().select(m, n, k, dtype)
+def select(m: int, n: int, k: int, dtype: str = "bf16", *, op: str, **fields) -> Choice:
+    """default_dispatcher(op).select(...)."""
+    return default_dispatcher(op).select(m, n, k, dtype, **fields)
 
 
-def rank(m: int, n: int, k: int, dtype: str = "bf16", count: int = 8) -> list[Choice]:
-    """default_dispatcher().rank(...)."""
-    return default_dispatcher().rank(m, n, k, dtype, count)
+def rank(m: int, n: int, k: int, dtype: str = "bf16", count: int = 8, *, op: str, **fields) -> list[Choice]:
+    """default_dispatcher(op).rank(...)."""
+    return default_dispatcher(op).rank(m, n, k, dtype, count, **fields)

@@ -26,6 +26,8 @@ from gemm_costmodel.serving.runtime import Dispatcher, default_dispatcher
 DEFAULT_NAMES = {"BLOCK_M": "block_m", "BLOCK_N": "block_n", "BLOCK_K": "block_k", "GROUP_M": "group_m",
                  "num_warps": "num_warps", "num_stages": "num_stages"}
 _TORCH_DTYPES = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float8_e4m3fn": "fp8"}
+# The op whose model scores the configs: the adapter prunes dense GEMM kernels' tiled configs.
+OP = "gemm"
 
 
 class PerfModel:
@@ -47,7 +49,7 @@ class PerfModel:
 
     @property
     def dispatcher(self) -> Dispatcher:
-        return self._d if self._d is not None else default_dispatcher()
+        return self._d if self._d is not None else default_dispatcher(OP)
 
     def _dtype(self, kwargs) -> str:
         if self.dtype:
@@ -90,7 +92,7 @@ class PerfModel:
             return float(waves * params["block_m"] * params["block_n"] * k)
         cols = F.problem_columns(m, n, k, dtype, d.spec, F.VARIANT_CODES[self.variant],
                                  {p: np.float64(v) for p, v in params.items()})
-        return float(model.score(F.compute(cols, op="gemm"))[0])
+        return float(model.score(F.compute(cols, op=OP))[0])
 
 
 def configs(dtype: str = "bf16", arch: str = "sm90", names: dict | None = None):
@@ -102,7 +104,7 @@ def configs(dtype: str = "bf16", arch: str = "sm90", names: dict | None = None):
     names = dict(DEFAULT_NAMES if names is None else names)
     inv = {v: k for k, v in names.items()}
     out = []
-    for c in registry.get("gemm").configs(arch, dtype, include_vendor=False):
+    for c in registry.get(OP).configs(arch, dtype, include_vendor=False):
         if c.variant != "tiled":
             continue
         meta = {inv[p]: getattr(c, p) for p in ("block_m", "block_n", "block_k", "group_m") if p in inv}

@@ -35,6 +35,30 @@ _lock = threading.Lock()
 _decide: Callable | None = None
 _cache: dict = {}
 
+# The torch.ops.gemm_costmodel names this module registers (tests/test_registry.py checks them).
+CUSTOM_OPS = ("grouped_gemm_fwd", "grouped_gemm_dgrad", "grouped_gemm_wgrad")
+# The names gemm_costmodel.serving.ops re-exports (its public API).
+EXPORTS = ("grouped_linear",)
+
+
+_host = None
+
+
+def bind(host) -> None:
+    """Called by serving.ops with its host for this op (registry ``torch_op``): every pass's pick is
+    then the dispatcher's (tuned table, model, or its fallback rule), one decision per shape."""
+    global _host
+    _host = host
+    dtypes = tuple(host.spec.dtypes)
+
+    def decide(p):
+        # The dispatcher serves the op's dtypes (bf16); fp16/fp32 passes (e.g. CPU checks) take the rule.
+        if p.dtype not in dtypes:
+            return default_decide(p)
+        return host.select(p.m, p.n, p.k, p.dtype, e=p.e, stage=p.stage, routing=p.routing)
+
+    set_decide(decide)
+
 
 def set_decide(fn: Callable | None) -> None:
     """Install ``fn(problem) -> config id`` as the pick of every pass (None: the fallback rule);

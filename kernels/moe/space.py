@@ -51,6 +51,9 @@ from . import vllm_h100
 DTYPE_BYTES = {"bf16": 2, "fp8": 1, "fp16": 2, "fp32": 4}
 DTYPES = tuple(DTYPE_BYTES)
 STAGES = ("gate_up", "down")
+# How a shape id (dtype:MxNxK, as evaluation results and reports name shapes) spells the op's own
+# problem fields (registry OpSpec.shape_id_suffix).
+SHAPE_ID = ":e{e}k{top_k}:{stage}:{routing}"
 MAX_EXPERTS = 512
 # The align step numbers the token-expert pairs and their per-expert padding in int32 (vLLM's
 # sorted_token_ids: M * top_k + E * (BLOCK_M - 1) slots, BLOCK_M <= 256): a problem with more
@@ -104,6 +107,11 @@ class Problem:
     def counts(self):
         """Tokens per expert (E,) of this problem's routing."""
         return R.expert_counts(self.routing, self.m, self.e, self.top_k)
+
+    def row_stats(self) -> dict:
+        """The routing's statistics a harness row carries (the registry's MoE columns)."""
+        c = self.counts()
+        return {"tpe_max": int(max(c)), "active_experts": int(sum(1 for v in c if v > 0))}
 
 
 @dataclass(frozen=True)
@@ -388,3 +396,15 @@ def shape_probe(p: Problem) -> Problem:
 # vLLM's fused-MoE tuned file names: E={E},N={N},device_name={gpu}[,dtype={d}][,block_shape=[bn,bk]].json
 VLLM_FILE_NAME_RE = (r"^E=(?P<e>\d+),N=(?P<n>\d+),device_name=(?P<device>[^,/\\ ]+)"
                      r"(?:,dtype=(?P<dtype>[A-Za-z0-9_]+))?(?:,block_shape=\[(?P<block>\d+,\s?\d+)\])?\.json$")
+
+
+def frame_check(cols) -> tuple[str, int, str] | None:
+    """The registry's frame check of dataset rows (``cols``: column name -> array, every op's rows):
+    (column, first bad row, what is wrong) for a row with more experts per token than experts."""
+    import numpy as np
+
+    bad = np.asarray(cols["top_k"]) > np.asarray(cols["e"])
+    if not bad.any():
+        return None
+    i = int(np.flatnonzero(bad)[0])
+    return "top_k", i, f"{cols['top_k'][i]} experts per token > e = {cols['e'][i]}"
