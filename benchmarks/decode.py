@@ -57,12 +57,14 @@ def decode_shapes(dtype: str = "bf16", ms=DECODE_M, nks=DECODE_NK) -> list[tuple
 
 
 def gemv_candidates(m: int, dtype: str, arch: str = "sm90") -> list:
-    """Every statically feasible GEMV config of the space with the token rows that cover M, the
+    """Every statically feasible GEMV config of the space and of its pending grids
+    (space.PENDING_SM90) with the token rows that cover M, the
     per-problem split-K rules applied by the caller (gate)."""
-    from gemm_costmodel.kernels.gemm.space import GEMV_ROWS, generate_configs
+    from gemm_costmodel.kernels.gemm.space import GEMV_ROWS, generate_configs, pending_configs
 
     rows = next((r for r in (*GEMV_ROWS, 4) if r >= m), 0)
-    return [c for c in generate_configs(arch, dtype, include_vendor=False) if c.variant == "gemv" and c.block_m == rows]
+    cands = generate_configs(arch, dtype, include_vendor=False) + pending_configs(arch, dtype)
+    return [c for c in cands if c.variant == "gemv" and c.block_m == rows]
 
 
 def _usable(cfg, m, n, k, dtype) -> bool:

@@ -6,7 +6,7 @@ import torch
 
 from gemm_costmodel.benchmarks import correctness as C
 from gemm_costmodel.kernels.gemm import kernel as gemm
-from gemm_costmodel.kernels.gemm.space import (DTYPE_BYTES, OUT_DTYPE, GemvConfig, PersistentConfig, Problem,
+from gemm_costmodel.kernels.gemm.space import (DTYPE_BYTES, GEMV_MAX_M, OUT_DTYPE, GemvConfig, PersistentConfig, Problem,
                                                  SplitKConfig, SwapABConfig, SwapABTmaConfig, TiledConfig,
                                                  VendorConfig, check_feasible, gemv_rows, swapab_tokens)
 
@@ -70,7 +70,7 @@ def test_variant_matches_reference(cfg, shape, dtype):
     if isinstance(cfg, GemvConfig):
         too_few_k_tiles = -(-k // cfg.block_k) < cfg.split_k
         short_k = cfg.num_stages > 1 and k < cfg.num_stages * cfg.block_k
-        assert ok == (m <= 4 and cfg.block_m == gemv_rows(m) and not too_few_k_tiles and not short_k), why
+        assert ok == (m <= GEMV_MAX_M and cfg.block_m == gemv_rows(m) and not too_few_k_tiles and not short_k), why
     if not ok:
         pytest.skip(f"infeasible: {why}")
     status, err, detail = C.gate(cfg, ops, ref, dtype)
@@ -444,11 +444,12 @@ def test_gate_and_time_times_only_what_passes_the_gate():
 @pytest.mark.parametrize("m,rows", [(2, 2), (3, 4), (4, 4)])
 @pytest.mark.parametrize("split", [1, 2])
 def test_gemv_token_rows_cover_m(m, rows, split, dtype):
-    """M = 2-4 on 2 or 4 token rows: at M = 3 the fourth row re-reads row 2 and is never stored
-    (the gate's NaN poison would show a stray or missing store)."""
+    """M = 2-4 on 2 or 4 token rows (the kernel takes 4; the space keeps 1 and 2 until the 4-row
+    configs are measured, space.PENDING_SM90): at M = 3 the fourth row re-reads row 2 and is never
+    stored (the gate's NaN poison would show a stray or missing store)."""
     cfg = GemvConfig(rows, 4, 64, split, 1, 1)
     prob, ops, ref = operands_for(m, 37, 200, dtype)
-    assert check_feasible(cfg, prob)[0]
+    assert check_feasible(cfg, prob)[0] == (m <= GEMV_MAX_M)
     assert not check_feasible(GemvConfig(1, 4, 64, split, 1, 1), prob)[0]
     status, err, detail = C.gate(cfg, ops, ref, dtype)
     assert status == C.STATUS_OK, detail
@@ -456,8 +457,8 @@ def test_gemv_token_rows_cover_m(m, rows, split, dtype):
 
 
 def test_gemv_launch_beyond_its_rows_is_still_correct():
-    """Feasibility keeps GEMV to M <= 4 with the one row count that covers M, but a launch with more
-    tokens (M = 7 here) takes more row blocks and stays correct."""
+    """Feasibility keeps GEMV to M <= GEMV_MAX_M with the one row count that covers M, but a launch
+    with more tokens (M = 7 here) takes more row blocks and stays correct."""
     prob, ops, ref = operands_for(7, 20, 300, "fp32")
     for cfg in (GemvConfig(1, 4, 64, 1, 1, 1), GemvConfig(2, 4, 64, 3, 1, 1), GemvConfig(4, 8, 32, 2, 1, 1)):
         assert not check_feasible(cfg, prob)[0]

@@ -267,7 +267,7 @@ def test_readme_peers_block_is_regenerated_from_the_committed_run():
     text = "a\n" + P.PEERS_BEGIN + "\nstale\n" + P.PEERS_END + "\nb\n"
     new = P.rewrite_readme(text)
     assert "stale" not in new and new.startswith("a\n" + P.PEERS_BEGIN) and new.endswith(P.PEERS_END + "\nb\n")
-    assert "| run15 | H100 80GB HBM3 | 43 | **1.046x** |" in new  # docs/peers.md, run 15
+    assert "| decode-trees-2nd-lease | H100 80GB HBM3 | 43 | **1.046x** |" in new  # docs/peers.md, run 15
     with pytest.raises(ValueError, match="no peers block"):
         P.rewrite_readme("no markers")
     readme = open("README.md", encoding="utf-8").read()
