@@ -154,7 +154,7 @@ def _fallback_rank(ev: pd.DataFrame) -> np.ndarray:
         sm = hardware.spec_for(str(r["gpu_name"])).sm_count
         cands = g[["variant", *F.PARAMS]].astype({"variant": str}).to_dict("records")
         # The op's own fields its rule takes (MoE: e, top_k), as the runtime passes them.
-        kw = {f: int(r[f]) for f in spec.fallback_fields()}
+        kw = {f: str(r[f]) if registry.column_kind(f) == "str" else int(r[f]) for f in spec.fallback_fields()}
         out[g.index[choose(int(r["m"]), int(r["n"]), int(r["k"]), sm, cands, **kw)]] = 0
     return out
 

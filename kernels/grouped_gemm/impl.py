@@ -70,7 +70,7 @@ def _row_schedule(offs_ptr, G, G_PAD: tl.constexpr, BLOCK_M: tl.constexpr):
 def _rows_tile(t, pid_s, a_ptr, b_ptr, c_ptr, N_OUT, RED, stride_am, stride_bg, stride_bk, stride_bn, stride_cm,
                gi, starts, ends, tiles, cum, num_row_tiles, num_pid_n,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-               SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr):
+               SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, ALIGNED_OUT: tl.constexpr):
     # One output tile of fwd/dgrad: rows of one group (row tile r of the concatenated schedule),
     # BLOCK_N output columns, the reduction slice pid_s of SPLIT_K.
     r, pid_n = _grouped_tile(t, num_row_tiles, num_pid_n, GROUP_M)
@@ -87,7 +87,14 @@ def _rows_tile(t, pid_s, a_ptr, b_ptr, c_ptr, N_OUT, RED, stride_am, stride_bg, 
     col0 = pid_n * BLOCK_N
     ln = tl.arange(0, BLOCK_N)
     cols_ok = col0 + ln < N_OUT
-    ln_c = tl.where(cols_ok, ln, 0)
+    if ALIGNED_OUT:
+        # Columns past N_OUT wrap (modulo) instead of being clamped: the index stays affine with the
+        # hints below, so dgrad's B (W_g read along K, its contiguous axis) loads as 16-byte vectors.
+        # A clamped index hid the contiguity: dgrad ran at 0.12x of torch._grouped_mm on the H200
+        # (benchmarks/results/grouped_gemm/). N_OUT % 8 == 0 keeps every 8-vector on one side of the wrap.
+        ln_c = tl.max_contiguous(tl.multiple_of((col0 + ln) % N_OUT, BLOCK_N), BLOCK_N) - col0
+    else:
+        ln_c = tl.where(cols_ok, ln, 0)
     k_tiles = tl.cdiv(RED, BLOCK_K)
     per = tl.cdiv(k_tiles, SPLIT_K)
     kt0 = pid_s * per
@@ -123,7 +130,7 @@ def _gg_rows_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N_OUT, RED, G,
                     stride_am, stride_bg, stride_bk, stride_bn, stride_cm,
                     G_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
-                    PERSISTENT: tl.constexpr):
+                    PERSISTENT: tl.constexpr, ALIGNED_OUT: tl.constexpr):
     # fwd (B = W_g^T: stride_bk 1, stride_bn K) and dgrad (B = W_g: stride_bk K, stride_bn 1):
     # C[rows of g] = A[rows of g] @ B_g, A (M, RED), B_g (RED, N_OUT), C (M, N_OUT).
     gi, starts, ends, tiles, cum = _row_schedule(offs_ptr, G, G_PAD, BLOCK_M)
@@ -136,18 +143,18 @@ def _gg_rows_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N_OUT, RED, G,
         for t in range(pid, total, tl.num_programs(0)):
             _rows_tile(t, pid_s, a_ptr, b_ptr, c_ptr, N_OUT, RED, stride_am, stride_bg, stride_bk, stride_bn,
                        stride_cm, gi, starts, ends, tiles, cum, num_row_tiles, num_pid_n,
-                       BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, EVEN_K)
+                       BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, EVEN_K, ALIGNED_OUT)
     else:
         if pid < total:  # the worst-case grid's programs past the real schedule do nothing
             _rows_tile(pid, pid_s, a_ptr, b_ptr, c_ptr, N_OUT, RED, stride_am, stride_bg, stride_bk, stride_bn,
                        stride_cm, gi, starts, ends, tiles, cum, num_row_tiles, num_pid_n,
-                       BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, EVEN_K)
+                       BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, EVEN_K, ALIGNED_OUT)
 
 
 @triton.jit
 def _wgrad_tile(t, pid_s, dy_ptr, x_ptr, c_ptr, offs_ptr, N, K, stride_dym, stride_xm, stride_cg, stride_cn,
                 num_pid_m, num_pid_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr):
+                GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, ALIGNED: tl.constexpr):
     # One tile of dW_g (BLOCK_M rows of N by BLOCK_N columns of K), reduced over the slice pid_s of
     # group g's tokens.
     per_group = num_pid_m * num_pid_n
@@ -165,8 +172,14 @@ def _wgrad_tile(t, pid_s, dy_ptr, x_ptr, c_ptr, offs_ptr, N, K, stride_dym, stri
     ln = tl.arange(0, BLOCK_N)
     rows_ok = row0 + lm < N
     cols_ok = col0 + ln < K
-    lm_c = tl.where(rows_ok, lm, 0)
-    ln_c = tl.where(cols_ok, ln, 0)
+    if ALIGNED:
+        # Wrapped, not clamped, with contiguity hints: A = dy^T is read along N and B = x along K, both
+        # their contiguous axes, so the loads stay 16-byte vectors (see _rows_tile; N % 8 == K % 8 == 0).
+        lm_c = tl.max_contiguous(tl.multiple_of((row0 + lm) % N, BLOCK_M), BLOCK_M) - row0
+        ln_c = tl.max_contiguous(tl.multiple_of((col0 + ln) % K, BLOCK_N), BLOCK_N) - col0
+    else:
+        lm_c = tl.where(rows_ok, lm, 0)
+        ln_c = tl.where(cols_ok, ln, 0)
     lt = tl.arange(0, BLOCK_K)
     # A = dy[tokens, n]^T (BLOCK_M x BLOCK_K), B = x[tokens, k] (BLOCK_K x BLOCK_N); tokens past the
     # slice load zeros (they are the reduction: clamping would add other rows).
@@ -192,7 +205,7 @@ def _wgrad_tile(t, pid_s, dy_ptr, x_ptr, c_ptr, offs_ptr, N, K, stride_dym, stri
 @triton.jit(do_not_specialize=["G"])
 def _gg_wgrad_kernel(dy_ptr, x_ptr, c_ptr, offs_ptr, N, K, G, stride_dym, stride_xm, stride_cg, stride_cn,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                     SPLIT_K: tl.constexpr, PERSISTENT: tl.constexpr):
+                     SPLIT_K: tl.constexpr, PERSISTENT: tl.constexpr, ALIGNED: tl.constexpr):
     num_pid_m = tl.cdiv(N, BLOCK_M)
     num_pid_n = tl.cdiv(K, BLOCK_N)
     total = G * num_pid_m * num_pid_n
@@ -201,10 +214,10 @@ def _gg_wgrad_kernel(dy_ptr, x_ptr, c_ptr, offs_ptr, N, K, G, stride_dym, stride
     if PERSISTENT:
         for t in range(pid, total, tl.num_programs(0)):
             _wgrad_tile(t, pid_s, dy_ptr, x_ptr, c_ptr, offs_ptr, N, K, stride_dym, stride_xm, stride_cg, stride_cn,
-                        num_pid_m, num_pid_n, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K)
+                        num_pid_m, num_pid_n, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, ALIGNED)
     else:
         _wgrad_tile(pid, pid_s, dy_ptr, x_ptr, c_ptr, offs_ptr, N, K, stride_dym, stride_xm, stride_cg, stride_cn,
-                    num_pid_m, num_pid_n, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K)
+                    num_pid_m, num_pid_n, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, ALIGNED)
 
 
 # ----------------------------------------------------------------------------
@@ -262,7 +275,8 @@ def launch(cfg, stage: str, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor
         _gg_wgrad_kernel[(progs, split)](
             a, b, c, offs, N, K, G, a.stride(0), b.stride(0), c.stride(0), c.stride(1),
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=group_m, SPLIT_K=split,
-            PERSISTENT=persistent, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            PERSISTENT=persistent, ALIGNED=N % 8 == 0 and K % 8 == 0, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages)
     else:
         M, RED = a.shape
         _, N, K = b.shape
@@ -276,7 +290,7 @@ def launch(cfg, stage: str, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor
             a, b, c, offs, M, n_out, RED, G, a.stride(0), b.stride(0), stride_bk, stride_bn, c.stride(0),
             G_PAD=_pad_groups(G), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
             GROUP_M=group_m, SPLIT_K=split, EVEN_K=RED % cfg.block_k == 0, PERSISTENT=persistent,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            ALIGNED_OUT=n_out % 8 == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split > 1:
         out.copy_(c)
     return out
