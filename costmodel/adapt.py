@@ -162,6 +162,12 @@ def bench_measure(op: str, suite: str, dtype: str, picks_csv: str, out_dir: str,
     return os.path.join(out_dir, f"{name}-shard00of01.jsonl")
 
 
+def round_name(op: str, r: int, suite: str, dtype: str, slug: str) -> str:
+    """The shard (and rows' suite) name of a round's measurements of one suite and dtype. The
+    leave-one-card-out evaluation tells adaptation rows by it (learning.evaluate.ADAPT_SUITE)."""
+    return f"{op}-adapt{r}-{suite.replace('_', '')}-{dtype}-{slug}"
+
+
 def base_parquet(spec: registry.OpSpec, root: str, dtypes) -> list[str]:
     out = []
     for d in dtypes:
@@ -215,7 +221,7 @@ def adapt(cfg: AdaptConfig, measure: Callable[..., str] = bench_measure, log: Lo
             for suite, sp in by_suite.items():
                 csv_path = os.path.join(cfg.out, f"picks-r{r}-{dtype}-{suite}.csv")
                 write_picks(csv_path, sp)
-                name = f"{cfg.op}-adapt{r}-{suite.replace('_', '')}-{dtype}-{slug}"
+                name = round_name(cfg.op, r, suite, dtype, slug)
                 log(f"round {r} {dtype} {suite}: {len({k for _, k, _ in sp})} problems, {len(sp)} configs, "
                     f"{remaining / 60:.1f} device-minutes left")
                 t0 = time.time()

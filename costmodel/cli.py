@@ -561,10 +561,11 @@ def cmd_evaluate(args) -> int:
                 cfg = cfg.with_(**best)
         _stage(args, f"evaluate: held-out folds ({', '.join(args.schemes)}), a model trained per fold")
         res = pipeline.evaluate(df, cfg, schemes=args.schemes, train_gpus=args.train_gpu)
-        fam, rows = res.get("family", (None, None))
-        nk, nk_rows = res.get("nk", (None, None))
-        if rows is None:
-            rows = nk_rows
+        fam, nk = res.get("family", (None, None))[0], res.get("nk", (None, None))[0]
+        cards = {s: res[s][0] for s in ("card", "card_adapt") if s in res}
+        # The headline scheme (plots, manifest metrics, the printed table): the first of these run.
+        lead = next(s for s in ("family", "nk", "card", "card_adapt") if s in res)
+        rows = res[lead][1]
         if cfg.formulation != "log_latency" and rows is not None:
             # Rank/normalized scores are not latencies: the predicted-vs-measured plot shows the
             # held-out predictions of the latency companion instead.
@@ -572,24 +573,28 @@ def cmd_evaluate(args) -> int:
 
             lat_cfg = pipeline.LATENCY_COMPANION.with_(n_jobs=cfg.n_jobs, seed=cfg.seed)
             _stage(args, "evaluate: the latency companion's held-out predictions (for the predicted-vs-measured plot)")
-            rows = cross_validate(df, lat_cfg, scheme="family" if fam is not None else "nk", baselines=False,
+            rows = cross_validate(df, lat_cfg, scheme=lead, baselines=False,
                                   train_gpus=args.train_gpu, log=pipeline._print)[1]
     except ValueError as exc:
         return _fail(f"cannot evaluate: {exc}")
     from gemm_costmodel import registry
+    from gemm_costmodel.learning.evaluate import adaptation_rows
 
-    main = fam if fam is not None else nk
+    main = res[lead][0]
     _stage(args, f"report: tables and plots to {args.report}")
-    sections = registry.get(args.op).report_sections(main[main["gpu_name"].notna()]) if main is not None else []
+    sections = registry.get(args.op).report_sections(main[main["gpu_name"].notna()]) if fam is not None or nk is not None else []
+    if cards:
+        adapted = df[adaptation_rows(df)].groupby("gpu_name").size().to_dict()
+        sections = [report.card_section(cards, fam, adapted), *sections]
     path = report.write_report(args.report, fam, nk, rows, comparison, header=_report_header(df, cfg),
-                               extra_sections=sections)
+                               extra_sections=sections, cards=cards)
     from gemm_costmodel.learning.evaluate import metrics_table
 
     if getattr(args, "metrics_out", None) is not None:
         from gemm_costmodel.learning.pipeline import model_metrics
 
-        args.metrics_out.update(model_metrics(fam if fam is not None else nk))
-    m = metrics_table(fam if fam is not None else nk, by=["gpu_name", "dtype"])
+        args.metrics_out.update(model_metrics(main))
+    m = metrics_table(main, by=["gpu_name", "dtype"])
     cols = ["method", "gpu_name", "dtype", "shapes", "match_2pct", "geomean_slowdown", "p99_slowdown",
             "top8_bench_slowdown"]
     from gemm_costmodel.util import markdown_table
@@ -939,7 +944,11 @@ def _model_args(p, report: bool = False, train: bool = False) -> None:
     p.add_argument("--seed", type=int, default=0)
     if report:
         p.add_argument("--report", default="models/report", help="report folder")
-        p.add_argument("--schemes", nargs="+", default=["family", "nk"], choices=["family", "nk"])
+        # evaluate.SCHEMES (not imported here: pandas at parse time; tests/test_card_scheme.py checks).
+        p.add_argument("--schemes", nargs="+", default=["family", "nk"], choices=["family", "nk", "card", "card_adapt"],
+                       help="held-out schemes: leave one family out, one (N, K) group out, one card out "
+                            "(by family; none of the card's rows train), or one card out but its "
+                            "adaptation rows (`costmodel adapt`'s rounds) train (default: family nk)")
         p.add_argument("--train-gpu", nargs="+", default=None, metavar="GPU_NAME",
                        help="learn only from these GPUs' rows (with run, the final model too) while the "
                             "report scores every GPU's held-out shapes: how a model trained on one card "

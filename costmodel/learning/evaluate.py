@@ -9,6 +9,7 @@ row: a test shape's family (or (N, K)) contributes no training row.
 from __future__ import annotations
 
 import math
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -247,6 +248,62 @@ def family_folds(df: pd.DataFrame) -> list[Fold]:
     return out
 
 
+# The suite (sweep name) of rows measured because a model chose them: `costmodel adapt` names its
+# rounds' shards '<op>-adapt<round>-<suite>-<dtype>-<gpu>' (adapt.round_name), and the first H200
+# round was measured by a campaign as 'moe-adapt0-h200'. The leave-one-card-out variant that
+# keeps a card's adaptation rows tells them from its other rows (sampled sweeps, oracles) by this.
+ADAPT_SUITE = re.compile(r"(?:^|-)adapt\d+(?:-|$)")
+
+CARD_SCHEMES = ("card", "card_adapt")
+SCHEMES = ("family", "nk", *CARD_SCHEMES)
+
+
+def adaptation_rows(df: pd.DataFrame) -> pd.Series:
+    """Boolean mask of the rows measured in adaptation rounds (their suite matches ADAPT_SUITE);
+    all False for data without a suite column."""
+    if "suite" not in df.columns:
+        return pd.Series(False, index=df.index)
+    return df["suite"].astype(str).str.contains(ADAPT_SUITE)
+
+
+def card_folds(df: pd.DataFrame, adapt: bool = False) -> list[Fold]:
+    """Leave-one-card-out, still held out by family: for each card X with evaluation shapes and each
+    family F of them, test = X's evaluation shapes of F; train = the other cards' rows none of whose
+    origins is in F (their evaluation shapes of other families too, as in family_folds), and none
+    of X's rows: how the model does on a card it never saw. With ``adapt``, X's adaptation rows
+    outside F train as well (adaptation_rows): what a few model-chosen measurements on X buy; a
+    card without adaptation rows then has no fold (its figures would be the plain scheme's).
+    Fold names are 'GPU/family'."""
+    fams = df["origins"].map(families_of)
+    gpu = df["gpu_name"].astype(str)
+    is_eval = df["eval_shape"].astype(bool)
+    adapted = adaptation_rows(df)
+    out = []
+    for card in sorted(gpu[is_eval].unique()):
+        on_card = gpu == card
+        keep_card = on_card & adapted if adapt else pd.Series(False, index=df.index)
+        if adapt and not keep_card.any():
+            continue
+        ev = df[is_eval & on_card]
+        for fam in sorted(ev["family"].astype(str).unique()):
+            test = eval_rows(ev[ev["family"].astype(str) == fam])
+            train = df[(~on_card | keep_card) & ~fams.map(lambda s: fam in s)]
+            if len(test) and len(train):
+                out.append(Fold(f"{card}/{fam}", train, test))
+    return out
+
+
+def folds_of(df: pd.DataFrame, scheme: str) -> list[Fold]:
+    """The folds of a held-out scheme (SCHEMES)."""
+    if scheme == "family":
+        return family_folds(df)
+    if scheme == "nk":
+        return nk_folds(df)
+    if scheme in CARD_SCHEMES:
+        return card_folds(df, adapt=scheme == "card_adapt")
+    raise ValueError(f"unknown scheme {scheme!r} (one of {', '.join(SCHEMES)})")
+
+
 def nk_folds(df: pd.DataFrame, n_folds: int = 5, seed: int = 0) -> list[Fold]:
     """Leave-(N, K)-out: the op's split key (the registry's ``split_key``; (N, K) for dense
     GEMM) split into n_folds groups by a seeded shuffle."""
@@ -298,17 +355,24 @@ def train_on_gpus(folds: list[Fold], gpus) -> list[Fold]:
 
 def cross_validate(df: pd.DataFrame, config: TrainConfig, scheme: str = "family", baselines: bool = True,
                    log: Callable[[str], None] | None = None, train_gpus=None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Held-out results over the folds of ``scheme`` ('family' or 'nk').
+    """Held-out results over the folds of ``scheme`` (one of SCHEMES: 'family', 'nk', 'card',
+    'card_adapt').
 
     ``train_gpus``: if given, each fold's model (and the baselines fitted on training shapes) learns
     from those GPUs' rows only, while every GPU's held-out shapes are scored (``train_on_gpus``).
 
     Returns (per-shape results, long: one row per (method, shape), with a ``fold``
     column; the model's held-out row-level scores: candidate, p50_us, score)."""
-    folds = family_folds(df) if scheme == "family" else nk_folds(df)
+    folds = folds_of(df, scheme)
     if not folds:
         if eval_rows(df).empty:
             raise ValueError("no evaluation shapes to hold out (none has an ok row)")
+        if scheme == "card_adapt":
+            raise ValueError("no card with evaluation shapes has adaptation rows (suites named like "
+                             "'<op>-adapt<round>-...', as `costmodel adapt` writes them)")
+        if scheme == "card":
+            raise ValueError("no evaluation shapes to hold out with training data left: leaving a card "
+                             "out needs rows of another card outside the held-out family")
         group = "a model family" if scheme == "family" else "an (N, K)"
         raise ValueError("no evaluation shapes to hold out with training data left: every shape shares "
                          f"{group} with them")

@@ -121,16 +121,62 @@ def plot_families(results: pd.DataFrame, path: str, title: str) -> None:
     plt.close(fig)
 
 
+CARD_COLS = ["shapes", "top1_match", "match_2pct", "geomean_slowdown", "p99_slowdown", "max_slowdown",
+             "top8_bench_slowdown"]
+
+
+def card_section(cards: dict[str, pd.DataFrame], family: pd.DataFrame | None = None,
+                 adapted: dict[str, int] | None = None) -> str:
+    """The "Leave-one-card-out" section: the model's held-out figures per card under the card
+    schemes ({'card': results, 'card_adapt': results} of ``evaluate.cross_validate``), beside the
+    leave-one-family-out ones (every other row of the card trains) when ``family`` is given.
+    ``adapted``: adaptation rows per card (GPU name -> rows), for the text."""
+    adapted = adapted or {}
+    what = {"family": "every row of every card but the family's",
+            "card": "none of the card's rows",
+            "card_adapt": "the card's adaptation rows only"}
+    L = ["## Leave-one-card-out\n",
+         "The model's held-out figures on each card's evaluation shapes (held out by family in every "
+         "scheme), by what it learned of that card: `family` trains on every other row (the card's "
+         "other families included), `card` on the other cards' rows only (the card is new to it), "
+         "`card_adapt` on the other cards' rows plus the card's adaptation rows (rows of "
+         "`costmodel adapt` rounds, by their suite name). A card without adaptation rows has no "
+         "`card_adapt` row.\n"]
+    by_scheme = ({"family": family} if family is not None and not family.empty else {}) | cards
+    gpus = sorted({g for r in cards.values() for g in r["gpu_name"].astype(str).unique()})
+    for gpu in gpus:
+        n = adapted.get(gpu, 0)
+        L.append(f"### {gpu} ({n:,} adaptation rows)\n")
+        rows = []
+        for scheme, res in by_scheme.items():
+            mod = res[(res["method"] == "model") & (res["gpu_name"].astype(str) == gpu)]
+            if mod.empty:
+                continue
+            for r in metrics_table(mod, by=["dtype"]).to_dict("records"):
+                rows.append({"scheme": scheme, "card rows trained on": what[scheme], "dtype": r["dtype"],
+                             **{c: r[c] for c in CARD_COLS}})
+        L.append(markdown_table(_fmt(pd.DataFrame(rows))) + "\n")
+    return "\n".join(L)
+
+
 def write_report(out_dir: str, family: pd.DataFrame | None, nk: pd.DataFrame | None = None,
                  rows: pd.DataFrame | None = None, comparison: pd.DataFrame | None = None,
-                 header: str = "", extra_sections: list[str] | None = None) -> str:
+                 header: str = "", extra_sections: list[str] | None = None,
+                 cards: dict[str, pd.DataFrame] | None = None) -> str:
     """Write report.md, results CSVs and the plots (from the family results, else the (N, K)
-    ones); returns the report path."""
-    if (family is None or family.empty) and (nk is None or nk.empty):
+    ones, else the leave-one-card-out ones); returns the report path. ``cards``: results of the
+    card schemes by name (their tables come through ``card_section`` in ``extra_sections``; here
+    their CSVs)."""
+    cards = {k: v for k, v in (cards or {}).items() if v is not None and not v.empty}
+    if (family is None or family.empty) and (nk is None or nk.empty) and not cards:
         raise ValueError("no results to report")
     os.makedirs(out_dir, exist_ok=True)
-    plots_from = family if family is not None and not family.empty else nk
-    held_out = "held-out families" if plots_from is family else "held-out (N, K)"
+    if family is not None and not family.empty:
+        plots_from, held_out = family, "held-out families"
+    elif nk is not None and not nk.empty:
+        plots_from, held_out = nk, "held-out (N, K)"
+    else:
+        plots_from, held_out = next(iter(cards.values())), "held-out card"
     L = ["# Cost model evaluation report\n", header]
     L.append("Only evaluation shapes are scored (every feasible candidate measured: the oracle is exact). "
              "Slowdown = latency of the picked candidate / the oracle's. `match_2pct` = picked <= 1.02x oracle. "
@@ -185,6 +231,8 @@ def write_report(out_dir: str, family: pd.DataFrame | None, nk: pd.DataFrame | N
         family.to_csv(os.path.join(out_dir, "results_family.csv"), index=False)
     if nk is not None and not nk.empty:
         nk.to_csv(os.path.join(out_dir, "results_nk.csv"), index=False)
+    for scheme, res in cards.items():
+        res.to_csv(os.path.join(out_dir, f"results_{scheme}.csv"), index=False)
     path = os.path.join(out_dir, "report.md")
     with open(path, "w", encoding="utf-8") as fh:
         fh.write("\n".join(L))
