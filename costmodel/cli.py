@@ -566,7 +566,9 @@ def cmd_evaluate(args) -> int:
         # The headline scheme (plots, manifest metrics, the printed table): the first of these run.
         lead = next(s for s in ("family", "nk", "card", "card_adapt") if s in res)
         rows = res[lead][1]
-        if cfg.formulation != "log_latency" and rows is not None:
+        if cfg.formulation != "log_latency" and rows is not None and not args.latency_model:
+            rows = None  # a rank score is no latency: without the companion, no predicted-vs-measured plot
+        elif cfg.formulation != "log_latency" and rows is not None:
             # Rank/normalized scores are not latencies: the predicted-vs-measured plot shows the
             # held-out predictions of the latency companion instead.
             from gemm_costmodel.learning.evaluate import cross_validate
@@ -586,6 +588,9 @@ def cmd_evaluate(args) -> int:
     if cards:
         adapted = df[adaptation_rows(df)].groupby("gpu_name").size().to_dict()
         sections = [report.card_section(cards, fam, adapted), *sections]
+    curve = _curve_file(args)
+    if curve:
+        sections.append(report.curve_section(curve, args.report))
     path = report.write_report(args.report, fam, nk, rows, comparison, header=_report_header(df, cfg),
                                extra_sections=sections, cards=cards)
     from gemm_costmodel.learning.evaluate import metrics_table
@@ -849,10 +854,52 @@ def cmd_describe_gpu(args) -> int:
     return 0
 
 
+def _curve_file(args) -> str | None:
+    """The adaptation-curve file a report of ``args.op`` shows: --curve, or with 'auto' the op's
+    committed one (benchmarks/results/<op>/<card>/curve/curve.csv, relative to the working folder:
+    the repository root), or none."""
+    if args.curve == "none":
+        return None
+    if args.curve != "auto":
+        return args.curve
+    found = sorted(glob.glob(os.path.join("benchmarks", "results", args.op, "*", "curve", "curve.csv")))
+    return found[0] if found else None
+
+
+def _results_curve(args) -> int:
+    """`costmodel results --curve CSV`: the curve section (plot and table) into a committed report,
+    rewritten in place from the curve file alone (no retraining)."""
+    from gemm_costmodel import registry
+    from gemm_costmodel.learning import glance, report
+
+    out_dir = args.report
+    if out_dir is None:
+        parts = os.path.normpath(args.curve).split(os.sep)
+        op = parts[parts.index("results") + 1] if "results" in parts[:-1] else None
+        if op not in registry.names():
+            return _fail(f"{args.curve}: give --report DIR (no op's results folder in the path)")
+        out_dir = os.path.dirname(glance.report_path(op, args.root))
+    path = os.path.join(out_dir, "report.md")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+        new = report.splice_curve(text, report.curve_section(args.curve, out_dir))
+    except (OSError, ValueError) as exc:
+        return _fail(str(exc))
+    if new != text:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(new)
+    print(f"{path}: curve section {'rewritten' if new != text else 'unchanged'} from {args.curve}; "
+          f"plot {os.path.join(out_dir, report.CURVE_PNG)}")
+    return 0
+
+
 def cmd_results(args) -> int:
     """Print the results-at-a-glance table from the committed reports, or rewrite its block in a README."""
     from gemm_costmodel.learning import glance
 
+    if args.curve:
+        return _results_curve(args)
     if not args.readme:
         print(glance.table(args.root))
         return 0
@@ -953,14 +1000,20 @@ def _model_args(p, report: bool = False, train: bool = False) -> None:
                        help="learn only from these GPUs' rows (with run, the final model too) while the "
                             "report scores every GPU's held-out shapes: how a model trained on one card "
                             "ranks another's (default: every GPU in the data)")
+        p.add_argument("--curve", default="auto", metavar="CSV",
+                       help="the adaptation-curve file whose plot and table the report shows ('auto': the op's "
+                            "committed benchmarks/results/OP/*/curve/curve.csv, relative to the working folder; "
+                            "'none': no curve section)")
         p.add_argument("--compare", action="store_true", help="also compare formulations (slower)")
         p.add_argument("--select", action="store_true", help="with --compare: evaluate the best one")
+    if report or train:
+        p.add_argument("--no-latency-model", dest="latency_model", action="store_false",
+                       help="skip the log-latency companion of a rank/normalized model (its export, and its "
+                            "held-out predictions: the report then plots no predicted-vs-measured latencies)")
     if train:
         p.add_argument("--out", default="models", help="folder for the ONNX model and manifest")
         p.add_argument("--booster", default="", help="also save the xgboost booster here (JSON)")
         p.add_argument("--no-export", action="store_true")
-        p.add_argument("--no-latency-model", dest="latency_model", action="store_false",
-                       help="skip the log-latency companion of a rank/normalized model")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1117,6 +1170,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--peers", action="store_true",
                    help="with --readme: also rewrite the peers block from benchmarks/results/peers/ (the runs "
                         "benchmarks/peers.py README_RUNS names)")
+    g.add_argument("--curve", default=None, metavar="CSV",
+                   help="instead: draw an adaptation-curve file (benchmarks/results/<op>/<card>/curve/curve.csv) "
+                        "into a report (plot and table, the section `costmodel run` writes), from the file alone")
+    g.add_argument("--report", default=None, metavar="DIR",
+                   help="with --curve: the report's folder (default: the op's under --root, from the curve's path)")
     g.set_defaults(func=cmd_results)
 
     h = sub.add_parser("describe-gpu", help="describe this machine's GPU by its numbers (SMs, shared memory, L2, "

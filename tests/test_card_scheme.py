@@ -142,3 +142,56 @@ def test_cross_validate_card_schemes_and_report(fp8_two_cards, tmp_path):
                           cards={"card": res, "card_adapt": ada})
     assert (tmp_path / "results_card.csv").is_file() and (tmp_path / "results_card_adapt.csv").is_file()
     assert "## Leave-one-card-out" in open(path, encoding="utf-8").read()
+
+
+# -- the adaptation curve in the report ----------------------------------------------------------
+
+CURVE = "benchmarks/results/moe/h200/curve/curve.csv"
+
+
+def test_curve_arms_start_at_none():
+    curve = R.read_curve(CURVE)
+    arms = R.curve_arms(curve, H200, "bf16")
+    assert list(arms) == ["adapt", "random"]  # 'all_h200_rows' is the reference, not an arm
+    assert arms["adapt"]["point"].tolist() == ["none", "adapt", "adapt", "adapt"]
+    assert arms["adapt"]["device_minutes"].tolist() == [0.0, 1.0, 2.0, 3.22]
+    assert arms["random"]["geomean_slowdown"].tolist() == [1.0421, 1.0312, 1.0365, 1.0411]
+
+
+def test_read_curve_names_a_missing_column(tmp_path):
+    p = tmp_path / "c.csv"
+    pd.read_csv(CURVE).drop(columns="match_2pct").to_csv(p, index=False)
+    with pytest.raises(ValueError, match="not a curve file .no column match_2pct"):
+        R.read_curve(str(p))
+
+
+def test_curve_section_splices_where_run_puts_it(tmp_path):
+    sec = R.curve_section(CURVE, str(tmp_path))
+    assert (tmp_path / R.CURVE_PNG).stat().st_size > 10_000
+    assert "| adapt | 2 | 1,280 | 1.0189 | 76.6% | 1.0339 | 72.7% |" in sec
+    # Where write_report puts an extra section: before the plots; splicing puts it there too,
+    # and splicing again changes nothing.
+    path = R.write_report(str(tmp_path / "r"), None, None, None, header="", extra_sections=["## Other\n", sec],
+                          cards={"card": pd.read_csv("models/report/moe/results_family.csv").head(40)})
+    full = open(path, encoding="utf-8").read()
+    bare = full.replace(sec + "\n", "")
+    assert "curve:begin" not in bare
+    assert R.splice_curve(bare, sec) == full
+    assert R.splice_curve(full, sec) == full
+
+
+def test_committed_moe_report_shows_the_committed_curve(tmp_path):
+    """models/report/moe/report.md holds what `costmodel results --curve` writes from the curve file."""
+    text = open("models/report/moe/report.md", encoding="utf-8").read()
+    assert R.splice_curve(text, R.curve_section(CURVE, str(tmp_path))) == text, (
+        f"stale curve section: run `costmodel results --curve {CURVE}`")
+
+
+def test_cli_results_curve(tmp_path, capsys):
+    import shutil
+
+    shutil.copy("models/report/moe/report.md", tmp_path / "report.md")
+    assert cli.main(["results", "--curve", CURVE, "--report", str(tmp_path)]) == 0
+    assert "unchanged" in capsys.readouterr().out  # the committed report has it already
+    assert (tmp_path / R.CURVE_PNG).is_file()
+    assert cli.main(["results", "--curve", str(tmp_path / "report.md")]) == 2  # no op folder in the path

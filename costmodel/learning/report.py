@@ -237,3 +237,125 @@ def write_report(out_dir: str, family: pd.DataFrame | None, nk: pd.DataFrame | N
     with open(path, "w", encoding="utf-8") as fh:
         fh.write("\n".join(L))
     return path
+
+
+# -- the adaptation curve (issue 58) -------------------------------------------------------------
+# A committed curve file (benchmarks/results/<op>/<card>/curve/curve.csv, written by the
+# exploration script beside it) holds one row per (point, GPU, dtype): held-out figures of a model
+# trained with the new card's rows of the first `device_minutes` of a sweep. Points: 'none' (no row
+# of the card: every arm's start), one label per arm ('adapt': model-guided rounds, 'random':
+# random sampling), and 'all...' (every row of the card: the reference an arm should reach).
+# Markers around the generated section: `costmodel results --curve` rewrites what lies between
+# them in a report that already has it (no retraining), so it stays what `costmodel run` writes.
+CURVE_BEGIN = "<!-- curve:begin (generated from {path} by `costmodel results --curve`; do not edit) -->"
+CURVE_END = "<!-- curve:end -->"
+CURVE_PNG = "adaptation_curve.png"
+CURVE_ARMS = {"adapt": "model-guided (costmodel adapt)", "random": "random sampling"}
+
+
+def read_curve(path: str) -> pd.DataFrame:
+    """A curve file, checked: the columns the plot and table read. Raises ValueError naming what
+    is missing."""
+    df = pd.read_csv(path)
+    need = {"point", "device_minutes", "gpu", "dtype", "geomean_slowdown", "match_2pct", "p99_slowdown"}
+    missing = sorted(need - set(df.columns))
+    if missing:
+        raise ValueError(f"{path}: not a curve file (no column {', '.join(missing)})")
+    if not (df["point"] == "none").any():
+        raise ValueError(f"{path}: no 'none' point (the model without a row of the card)")
+    return df
+
+
+def _rows_col(curve: pd.DataFrame) -> str | None:
+    # The card's training rows per point: the one column named '<card>_rows' ('h200_rows').
+    cols = [c for c in curve.columns if c.endswith("_rows")]
+    return cols[0] if len(cols) == 1 else None
+
+
+def curve_arms(curve: pd.DataFrame, gpu: str, dtype: str) -> dict[str, pd.DataFrame]:
+    """{arm: its points in device-minute order, starting at 'none' (0 minutes)} of one GPU and dtype."""
+    g = curve[(curve["gpu"] == gpu) & (curve["dtype"] == dtype)]
+    start = g[g["point"] == "none"]
+    out = {}
+    for arm in [p for p in dict.fromkeys(g["point"]) if p != "none" and not str(p).startswith("all")]:
+        out[arm] = pd.concat([start, g[g["point"] == arm]]).sort_values("device_minutes", kind="stable")
+    return out
+
+
+def plot_curve(curve: pd.DataFrame, path: str, title: str) -> None:
+    """Held-out geomean slowdown (top) and match within 2% (bottom) vs device-minutes of the new
+    card's rows, one column per (GPU, dtype) of the file: a line per arm from the 'none' point, the
+    model with every row of the card as a star and a dotted level."""
+    plt = _plt()
+    keys = list(dict.fromkeys(zip(curve["gpu"], curve["dtype"])))
+    fig, axes = plt.subplots(2, len(keys), figsize=(4.6 * len(keys), 6.5), squeeze=False, sharex=True)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for j, (gpu, dtype) in enumerate(keys):
+        g = curve[(curve["gpu"] == gpu) & (curve["dtype"] == dtype)]
+        alls = g[g["point"].astype(str).str.startswith("all")]
+        for i, (col, label) in enumerate((("geomean_slowdown", "held-out geomean slowdown"),
+                                          ("match_2pct", "held-out match within 2%"))):
+            ax = axes[i][j]
+            for c, (arm, pts) in enumerate(curve_arms(curve, gpu, dtype).items()):
+                ax.plot(pts["device_minutes"], pts[col], marker="o", color=colors[c % len(colors)],
+                        label=CURVE_ARMS.get(arm, arm))
+            for _, r in alls.iterrows():
+                ax.axhline(r[col], color="grey", lw=0.8, ls=":")
+                ax.plot([r["device_minutes"]], [r[col]], marker="*", ms=12, color="k", ls="none",
+                        label=f"every row of the card ({r['device_minutes']:g} min)")
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+            if i == 0:
+                ax.set_title(f"{gpu} {dtype}", fontsize=10)
+            else:
+                ax.set_xlabel("device-minutes of the new card's rows")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def curve_section(curve_path: str, out_dir: str) -> str:
+    """The report's "Adaptation curve" section from a committed curve file: writes the plot
+    (CURVE_PNG) into ``out_dir`` and returns the markdown (a table per point, between the curve
+    markers). ``curve_path`` is named as given (relative to the repository root, as committed)."""
+    curve = read_curve(curve_path)
+    os.makedirs(out_dir, exist_ok=True)
+    plot_curve(curve, os.path.join(out_dir, CURVE_PNG),
+               "adaptation curve: held-out figures vs device-minutes of the new card's rows")
+    keys = list(dict.fromkeys(zip(curve["gpu"], curve["dtype"])))
+    rows_col = _rows_col(curve)
+    table = []
+    for (point, minutes), g in curve.groupby(["point", "device_minutes"], sort=False):
+        r = {"point": point, "device-minutes": f"{minutes:g}"}
+        if rows_col:
+            r["card rows"] = f"{int(g[rows_col].iloc[0]):,}"
+        for gpu, dtype in keys:
+            x = g[(g["gpu"] == gpu) & (g["dtype"] == dtype)]
+            tag = f"{gpu.replace('NVIDIA ', '')} {dtype}"
+            r[f"{tag} geomean"] = f"{x['geomean_slowdown'].iloc[0]:.4f}" if len(x) else ""
+            r[f"{tag} within 2%"] = f"{100 * x['match_2pct'].iloc[0]:.1f}%" if len(x) else ""
+        table.append(r)
+    readme = os.path.join(os.path.dirname(os.path.dirname(curve_path)), "README.md")
+    where = f" Scheme and sweeps: `{readme}`." if os.path.isfile(readme) else ""
+    L = [CURVE_BEGIN.format(path=curve_path), "## Adaptation curve\n",
+         f"From `{curve_path}`: the held-out figures of one model per point, trained with the new card's "
+         "rows measured in the first `device-minutes` of a sweep (`adapt`: model-guided rounds; `random`: "
+         "random configs of random training problems; `none`: no row of the card; `all...`: every row of "
+         f"it), the other card's beside them.{where}\n",
+         markdown_table(pd.DataFrame(table)) + "\n", f"![{CURVE_PNG}]({CURVE_PNG})\n", CURVE_END + "\n"]
+    return "\n".join(L)
+
+
+def splice_curve(report_md: str, section: str) -> str:
+    """The report text with its curve section replaced by ``section`` (between the markers), or
+    inserted before '## Plots' (where `costmodel run` puts it) if it has none."""
+    begin = report_md.find("<!-- curve:begin")
+    if begin >= 0:
+        end = report_md.index(CURVE_END, begin) + len(CURVE_END) + 1
+        return report_md[:begin] + section + report_md[end:]
+    at = report_md.find("## Plots\n")
+    if at < 0:
+        return report_md.rstrip("\n") + "\n" + section
+    return report_md[:at] + section + "\n" + report_md[at:]
