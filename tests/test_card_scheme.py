@@ -195,3 +195,27 @@ def test_cli_results_curve(tmp_path, capsys):
     assert "unchanged" in capsys.readouterr().out  # the committed report has it already
     assert (tmp_path / R.CURVE_PNG).is_file()
     assert cli.main(["results", "--curve", str(tmp_path / "report.md")]) == 2  # no op folder in the path
+
+
+def test_cli_evaluate_card_schemes(tmp_path, capsys):
+    """`costmodel evaluate --schemes family card card_adapt` on the fp8 subset and its copy as an
+    H100's (a third of whose training rows are adaptation rows): the section, the CSVs, no curve."""
+    ev, tr = "datasets/gemm/fp8/eval-fp8-shard01of40.parquet", "datasets/gemm/fp8/train-fp8-shard00of16.parquet"
+    copies = []
+    for src in (ev, tr):
+        df = pd.read_parquet(src).assign(gpu_name=H100)
+        if src == tr:
+            df.loc[df.groupby(["m", "n", "k"]).ngroup() % 3 == 0, "suite"] = "gemm-adapt0-train-fp8-h100"
+        copies.append(str(tmp_path / f"h100-{len(copies)}.parquet"))
+        df.to_parquet(copies[-1], index=False)
+    report = tmp_path / "r"
+    rc = cli.main(["evaluate", "--data", ev, tr, *copies, "--trees", "5", "--depth", "3", "--jobs", "1",
+                   "--schemes", "family", "card", "card_adapt", "--no-latency-model", "--curve", "none",
+                   "--report", str(report)])
+    assert rc == 0, capsys.readouterr().err
+    md = (report / "report.md").read_text()
+    assert "## Leave-one-card-out" in md and "## Adaptation curve" not in md
+    assert f"### {H100} (" in md and "| card_adapt | the card's adaptation rows only | fp8 |" in md
+    assert "| family | every row of every card but the family's | fp8 |" in md
+    assert {"results_family.csv", "results_card.csv", "results_card_adapt.csv"} <= {p.name for p in report.iterdir()}
+    assert "pred_vs_measured.png" not in md  # --no-latency-model: no companion, no plot
