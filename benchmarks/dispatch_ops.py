@@ -8,7 +8,8 @@ from the registry (``problem_fields``, ``fixed``), so no op is named here.
 
 - cold: ``clear_cache()`` then one timed ``select`` per problem (wall time and the thread's CPU
   time, ``dispatch_cpu.latency_summary``), after ``warm_up`` and a few untimed decisions (the
-  once-per-process costs a server pays at start-up);
+  once-per-process costs a server pays at start-up); apart for the suite's own M (repeats of a
+  problem find per-problem caches filled) and for the random M (new problems);
 - warm: the same problems cached, ``select`` in a loop (median over repeats) vs a dict lookup.
 
 An op/dtype with no usable model (e.g. grouped_gemm before its model ships) is timed all the same:
@@ -30,12 +31,14 @@ import random
 import statistics
 import time
 import warnings
+import zlib
 
 from gemm_costmodel import registry
 from gemm_costmodel.benchmarks.dispatch_cpu import latency_summary
 
 M_MAX = 16384
 WARMUP_DECISIONS = 10  # untimed first decisions: onnxruntime's first runs of each session allocate
+SLOWEST = 5  # the slowest decisions kept with their problems
 
 
 def suite_name(spec: registry.OpSpec) -> str:
@@ -84,12 +87,15 @@ def bench_op(op: str, dtype: str, gpu: str, decisions: int, warm_repeats: int, m
         d = Dispatcher(gpu_name=gpu, models_dir=models, op=op)
         d.warm_up((dtype,))
         model = d.model_for(dtype)
-        probs = draw_problems(spec, dtype, decisions + WARMUP_DECISIONS, seed=seed)
+        # A seed of the op and dtype's own: the same random M values in two dtypes of one op would
+        # find the first dtype's per-problem caches (dtype-free, e.g. MoE routing counts) filled.
+        probs = draw_problems(spec, dtype, decisions + WARMUP_DECISIONS, seed=seed + zlib.crc32(f"{op}:{dtype}".encode()))
         for p in probs[:WARMUP_DECISIONS]:
             _select(d, p)
         probs = probs[WARMUP_DECISIONS:]
-        wall, cpu, sources, skipped = [], [], collections.Counter(), 0
-        for p in probs:
+        wall, cpu, timed, sources, skipped = [], [], [], collections.Counter(), 0
+        random_m = []  # draw_problems gives every other problem (odd draw index) a random M
+        for i, p in enumerate(probs, start=WARMUP_DECISIONS):
             d.clear_cache()
             c = time.thread_time_ns()
             t = time.perf_counter()
@@ -100,6 +106,8 @@ def bench_op(op: str, dtype: str, gpu: str, decisions: int, warm_repeats: int, m
                 continue
             wall.append((time.perf_counter() - t) * 1e6)
             cpu.append((time.thread_time_ns() - c) / 1e3)
+            timed.append(p)
+            random_m.append(i % 2 == 1)
             sources[choice.source] += 1
     reason = None
     if model is None:
@@ -112,6 +120,16 @@ def bench_op(op: str, dtype: str, gpu: str, decisions: int, warm_repeats: int, m
     if not wall:
         return out
     out["cold"] = latency_summary(wall, cpu)
+    # Apart: the suite's own problems (drawn with replacement, so a repeat finds the process's
+    # per-problem caches filled, e.g. a routing's expert counts) and the random-M ones (new).
+    for name, want in (("cold_suite_m", False), ("cold_random_m", True)):
+        idx = [i for i, r in enumerate(random_m) if r == want]
+        if idx:
+            out[name] = latency_summary([wall[i] for i in idx], [cpu[i] for i in idx])
+    # The tail's problems, by the decision's own CPU time: what a slow decision spends it on shows
+    # in which problems it is (e.g. a first use of something per problem, not per process).
+    order = sorted(range(len(cpu)), key=lambda i: -cpu[i])[:SLOWEST]
+    out["slowest"] = [{"cpu_us": round(cpu[i], 1), "wall_us": round(wall[i], 1), "problem": timed[i]} for i in order]
     # Warm: every problem cached (one decision each), then select over them in a loop.
     d.clear_cache()
     done = []
@@ -140,12 +158,14 @@ def bench_op(op: str, dtype: str, gpu: str, decisions: int, warm_repeats: int, m
 def markdown(res: dict) -> str:
     """The summary table of a run's results."""
     head = ["op", "dtype", "decided by", "decisions", "cold p50 (us)", "p90", "p99", "max", "CPU p50", "CPU p99",
-            "off CPU", "p99 on CPU", "warm select (ns)"]
+            "off CPU", "p99 on CPU", "suite M: p50 / p99", "random M: p50 / p99", "warm select (ns)"]
     L = [f"# Cold and warm decisions per op: {res['gpu']}\n",
          f"`python -m gemm_costmodel.benchmarks.dispatch_ops --gpu \"{res['gpu']}\" --decisions "
          f"{res['decisions']}` on {res['cpus']} CPUs ({res['machine']}, Python {res['python']}, onnxruntime "
          f"{res['onnxruntime']}), {res['date']}. Problems: each op's evaluation suite (else its first), every "
-         f"other one with a random M in 1..{M_MAX}. Cold: `clear_cache()` then `select`, wall time and the "
+         f"other one with a random M in 1..{M_MAX} (suite M: drawn with replacement, so a repeated problem "
+         "finds the process's per-problem caches filled; random M: new problems). Cold: `clear_cache()` then "
+         "`select`, wall time and the "
          "thread's CPU time; \"off CPU\": decisions whose wall time exceeds their CPU time by more than 0.5 ms "
          "(the host took the CPU away). Warm: `select` of a cached problem.\n",
          "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -158,12 +178,18 @@ def markdown(res: dict) -> str:
         L.append("| " + " | ".join([r["op"], r["dtype"], r["decided_by"], str(r["decisions"])]
                                    + [f"{c[k]:.0f}" for k in ("p50_us", "p90_us", "p99_us", "max_us", "cpu_p50_us",
                                                                "cpu_p99_us")]
-                                   + [str(c["off_cpu_decisions"]), f"{c['p99_us_on_cpu']:.0f}",
-                                      f"{w.get('select_ns', float('nan')):.0f}"]) + " |")
+                                   + [str(c["off_cpu_decisions"]), f"{c['p99_us_on_cpu']:.0f}"]
+                                   + [f"{r[x]['p50_us']:.0f} / {r[x]['p99_us']:.0f}" if x in r else ""
+                                      for x in ("cold_suite_m", "cold_random_m")]
+                                   + [f"{w.get('select_ns', float('nan')):.0f}"]) + " |")
+        slow = r["slowest"][0]
+        fields = ", ".join(f"{f}={v}" for f, v in slow["problem"].items())
+        notes.append(f"- {r['op']} {r['dtype']}: slowest decision {slow['cpu_us'] / 1e3:.2f} ms of CPU ({fields}).")
         if r["decided_by"] != "model":
             notes.append(f"- {r['op']} {r['dtype']}: no model serves it, the times are the fallback rule's "
                          f"({r['fallback_reason']}).")
-    return "\n".join(L + [""] + notes) + "\n"
+    return "\n".join(L + ["", "The slowest decision of each (by its CPU time; the JSON lists the five slowest):\n"]
+                     + notes) + "\n"
 
 
 def main(argv=None) -> int:
