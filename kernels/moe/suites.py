@@ -25,8 +25,8 @@ fp8bs (block-scaled fp8) takes only the variants vLLM can load with 128x128 bloc
 per-shard intermediate size a multiple of 128 (``block_ok``; vLLM's Fp8MoEMethod refuses others),
 from the same training and held-out families; a held-out family whose eval variant is not such
 takes its first variant that is (``eval_variant``), and one without any (gpt-oss-20b, I = 2880) has
-no fp8bs eval shapes. vLLM's block-fp8 MoE files for the H100 serve no training variant, so the
-fp8bs ``vllm`` suite is empty.
+no fp8bs eval shapes. vLLM's block-fp8 MoE files for the H100 serve no training variant; its H200
+ones serve two (``VLLM_BLOCK_SUITE_FILES``), which make the fp8bs ``vllm`` suite.
 
 Suites (``suite(dtype) -> [MoeShape]``):
 - ``train`` (``training_suite``): the training families, every variant, M over TRAIN_M (vLLM's
@@ -384,12 +384,23 @@ def unmapped_vllm_files(dtype: str = "bf16") -> list[VllmFile]:
 
 # -- suites -------------------------------------------------------------------------------
 
+# fp8bs: vLLM 0.33.0's block-fp8 MoE files ``E=..,N=..,device_name=NVIDIA_H200,dtype=fp8_w8a8,
+# block_shape=[128,128].json`` whose (E, N) is a training variant: DeepSeek-V3 TP8 and Qwen3-235B-A22B
+# TP2 (its H100 block files, E=256/512 with N=128..384, serve none).
+VLLM_BLOCK_SUITE_FILES = ((256, 256), (128, 768))
+
+
 def vllm_suite(dtype: str = "bf16") -> list[MoeShape]:
     """vLLM's tuned H100 files of VLLM_SUITE_FILES (each a training family's variant) at EVAL_M,
-    balanced, both stages; every candidate measured; held out of ``training_suite``. Empty for
-    fp8bs (its H100 files serve no training variant: module doc)."""
-    if dtype not in VLLM_SUITE_FILES:
-        return []
+    balanced, both stages; every candidate measured; held out of ``training_suite``. fp8bs: its
+    H200 block-fp8 files of VLLM_BLOCK_SUITE_FILES."""
+    if dtype == space.BLOCK_DTYPE:
+        idx = _variant_index()
+        out = []
+        for en in VLLM_BLOCK_SUITE_FILES:
+            v = next(v for v in idx[en] if v.model in TRAINING_MODELS)
+            out += [s for m in EVAL_M for s in v.shapes(m, dtype, "balanced")]
+        return _merge(out)
     files = {(f.e, f.n): f for f in vllm_file_shapes(dtype)}
     out = []
     for en in VLLM_SUITE_FILES[dtype]:
@@ -404,7 +415,7 @@ def training_suite(dtype: str = "bf16", ms: Iterable[int] = TRAIN_M, skewed: int
     stages; without the vllm suite's shapes."""
     if not 0 <= skewed <= len(R.SKEWED):
         raise ValueError(f"skewed must be in 0..{len(R.SKEWED)}, got {skewed}")
-    held = {s.key for s in vllm_suite(dtype)} if dtype in VLLM_SUITE_FILES else set()
+    held = {s.key for s in vllm_suite(dtype)} if dtype in VLLM_SUITE_FILES or dtype == space.BLOCK_DTYPE else set()
     out, vi = [], 0
     for model in TRAINING_MODELS:
         for v in variants(model, dtype=dtype):
