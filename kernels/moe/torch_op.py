@@ -182,6 +182,10 @@ def _choose_moe(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale,
             return _tune_moe(host, x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale,
                              routing, keys)
     if not x.is_cuda and host.dispatcher().space_arch is None:
+        if MOE.is_block_scaled(w1_scale):
+            # torch's grouped GEMM has no block-scaled form: vLLM's block-fp8 default runs them.
+            cid = MS.vllm_default(m, e, MS.BLOCK_DTYPE).id
+            return cid, cid
         # CPU tensors and no GPU to rank for: torch's own grouped GEMM runs them on the CPU.
         vendor = host.spec.vendor_ids[0]
         return vendor, vendor
