@@ -12,6 +12,11 @@ import sys
 import time
 
 
+# The --dtype choices of every command (an op takes a subset: _check_op_dtypes). fp8bs: the MoE op's
+# block-scaled fp8 (128x128 weight scales, 1x128 activation scales).
+DTYPE_CHOICES = ["bf16", "fp16", "fp8", "fp8bs"]
+
+
 def _fail(msg: str) -> int:
     print(f"costmodel: error: {msg}", file=sys.stderr)
     return 2
@@ -939,7 +944,7 @@ def _model_args(p, report: bool = False, train: bool = False) -> None:
     _op_arg(p)
     p.add_argument("--data", nargs="*", help="data files (default: all parquet under --root)")
     p.add_argument("--root", default="datasets")
-    p.add_argument("--dtype", nargs="+", default=None, choices=["bf16", "fp16", "fp8"], help="default: all")
+    p.add_argument("--dtype", nargs="+", default=None, choices=DTYPE_CHOICES, help="default: all")
     p.add_argument("--gpu", nargs="+", default=None, help="only rows of these GPU names (default: all)")
     p.add_argument("--arch", default="sm90")
     # None: the op's registry train_defaults, else TrainConfig's (rank, 100 trees, depth 6, eta 0.2).
@@ -1029,7 +1034,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--shapes", help="CSV with one column per problem field of the op: M,N,K[,dtype] "
                      "(moe: M,N,K,E,top_k,stage[,routing][,dtype]; routing default balanced); unknown columns "
                      "are refused")
-    b.add_argument("--dtype", nargs="+", default=None, choices=["bf16", "fp16", "fp8"],
+    b.add_argument("--dtype", nargs="+", default=None, choices=DTYPE_CHOICES,
                    help="default: the op's first dtype (bf16; fp8 for fp8_blockscale)")
     b.add_argument("--mode", default="all", help="'all' (evaluation shapes), 'sample:K' (K random Triton configs + cuBLAS), 'variant:NAME[,NAME]' (one variant's configs + cuBLAS) or 'pick:CSV' (the configs a CSV with columns key, candidate lists per problem key + cuBLAS)")
     b.add_argument("--shard", default="0/1", help="i/n: take shapes with hash %% n == i")
@@ -1110,7 +1115,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("m", type=int)
     q.add_argument("n", type=int)
     q.add_argument("k", type=int)
-    q.add_argument("--dtype", default=None, choices=["bf16", "fp16", "fp8"],
+    q.add_argument("--dtype", default=None, choices=DTYPE_CHOICES,
                    help="default: the op's first dtype (bf16; fp8 for fp8_blockscale)")
     q.add_argument("--gpu", default="NVIDIA H100 80GB HBM3", help="GPU name (default: H100 SXM)")
     q.add_argument("--models", default=None, help="model folder (default: the shipped models)")
@@ -1125,8 +1130,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--moe", action="append", default=[], metavar="E,N,K,TOPK",
                    help="--op moe: one MoE layer: experts per rank, intermediate size per shard (vLLM's N), hidden "
                         "size, experts per token (repeatable; vLLM names its file by E and N only)")
-    v.add_argument("--dtype", default=None, choices=["bf16", "fp16", "fp8"],
-                   help="--op moe: activation dtype (default bf16; fp8 writes vLLM's dtype=fp8_w8a8 files)")
+    v.add_argument("--dtype", default=None, choices=DTYPE_CHOICES,
+                   help="--op moe: activation dtype (default bf16; fp8 writes vLLM's dtype=fp8_w8a8 files, "
+                        "fp8bs its dtype=fp8_w8a8,block_shape=[128,128] files)")
     v.add_argument("--gpu", default="NVIDIA H100 80GB HBM3", help="GPU name, as CUDA names it (default: H100 SXM)")
     v.add_argument("--models", default=None, help="model folder (default: the shipped models)")
     v.add_argument("--out", default=None, help="folder for the vLLM files")

@@ -145,8 +145,8 @@ class OpSpec:
         return _resolve(self.fallback)
 
     def fallback_fields(self) -> tuple[str, ...]:
-        """The problem fields beyond (m, n, k, dtype) that the fallback rule takes as keywords (the
-        MoE rule: e, top_k), which every caller passes as ``rule(m, n, k, sm_count, cands, **kw)``."""
+        """The problem fields beyond (m, n, k) that the fallback rule takes as keywords (the MoE rule:
+        e, top_k, dtype), which every caller passes as ``rule(m, n, k, sm_count, cands, **kw)``."""
         return _fallback_fields(self.name)
 
     def shape_id_suffix(self, values: dict) -> str:
@@ -229,7 +229,7 @@ REGISTRY: dict[str, OpSpec] = {
     # Fused MoE layer (vLLM's fused_experts): two stages (gate_up, down), each a grouped GEMM with
     # its own config; the routing (expert histogram) is part of the problem. Vendor: torch._grouped_mm.
     "moe": OpSpec(
-        name="moe", dtypes=("bf16", "fp8"),
+        name="moe", dtypes=("bf16", "fp8", "fp8bs"),
         space="gemm_costmodel.kernels.moe.space", impl="gemm_costmodel.kernels.moe.impl",
         problem_fields=("m", "n", "k", "dtype", "e", "top_k", "stage", "routing"), vendor_ids=("grouped_mm",),
         default_config="moe_m16n64k128_g1_w4s4", fallback="gemm_costmodel.kernels.moe.space:choose",
@@ -302,7 +302,8 @@ LEGACY_OP = "gemm"
 def _fallback_fields(name: str) -> tuple[str, ...]:
     spec = get(name)
     params = inspect.signature(spec.fallback_rule()).parameters
-    return tuple(f for f in spec.problem_fields if f not in SHARED_PROBLEM and f in params)
+    # dtype only where the rule asks for it (the MoE rule: fp8bs has a default of its own).
+    return tuple(f for f in spec.problem_fields if (f not in SHARED_PROBLEM or f == "dtype") and f in params)
 
 
 def get(name: str) -> OpSpec:

@@ -31,7 +31,7 @@ class GpuSpec:
 
     def peak_tflops(self, dtype: str) -> float:
         """Dense tensor-core peak for an input dtype (fp32 runs as tf32: half the 16-bit peak)."""
-        if dtype == "fp8":
+        if dtype in ("fp8", "fp8bs"):  # fp8bs: block-scaled fp8 runs on the same tensor cores
             return self.tflops_fp8 or self.tflops_16bit
         if dtype == "fp32":
             return self.tflops_16bit / 2

@@ -65,14 +65,20 @@ def _fuzz(op: str, data) -> None:
     f = {"m": data.draw(st.integers(1, 9000)), "n": data.draw(st.sampled_from([128, 4096, 7168, 1000])),
          "k": data.draw(st.sampled_from([512, 4096, 4100, 896])), "dtype": data.draw(st.sampled_from(spec.dtypes))}
     wild = {"m": _dims, "n": _dims, "k": _dims, "dtype": _dtype}
-    if not spec.fixed:
+    # The op's own problem fields (from its registry entry, no per-op branch): plausible values first.
+    fields = spec.problem_fields
+    if "e" in fields:
         f["e"] = data.draw(st.sampled_from([8, 64, 256]))
+    if "top_k" in fields:
         f["top_k"] = data.draw(st.integers(1, 8))
-        f["stage"] = data.draw(st.sampled_from(["gate_up", "down"]))
+    if "stage" in fields:
+        stages = tuple(getattr(spec.space_module(), "STAGES", ("gate_up", "down")))
+        f["stage"] = data.draw(st.sampled_from(stages))
+        wild["stage"] = _stage | st.sampled_from(stages)
+    if "routing" in fields:
         f["routing"] = data.draw(st.sampled_from(["balanced", "zipf", "hot"]))
-        wild.update(e=_experts, top_k=_experts, stage=_stage, routing=_routing)
-    else:
-        wild["e"] = _experts
+        wild["routing"] = _routing
+    wild.update(e=_experts, **({"top_k": _experts} if "top_k" in fields else {}))
     for name in data.draw(st.lists(st.sampled_from(sorted(wild)), max_size=2, unique=True)):
         f[name] = data.draw(wild[name])
     m, n, k, dtype = f.pop("m"), f.pop("n"), f.pop("k"), f.pop("dtype")
@@ -89,25 +95,18 @@ _SETTINGS = settings(max_examples=60, deadline=None, derandomize=True,
 
 @pytest.mark.parametrize("op", registry.names())
 def test_fuzz_registered_ops_cover_this_file(op):
-    assert op in ("gemm", "fp8_blockscale", "moe", "ck_a8w8_blockscale"), f"add a fuzz test for the new op {op}"
+    # Every ranker op is fuzzed by test_fuzz_ranker_op; a classifier op has a test of its own below.
+    assert op in registry.names("ranker") or op == "ck_a8w8_blockscale", f"add a fuzz test for the new op {op}"
 
 
-@_SETTINGS
-@given(st.data())
-def test_fuzz_gemm(data):
-    _fuzz("gemm", data)
+@pytest.mark.parametrize("op", registry.names("ranker"))
+def test_fuzz_ranker_op(op):
+    @_SETTINGS
+    @given(st.data())
+    def run(data):
+        _fuzz(op, data)
 
-
-@_SETTINGS
-@given(st.data())
-def test_fuzz_fp8_blockscale(data):
-    _fuzz("fp8_blockscale", data)
-
-
-@_SETTINGS
-@given(st.data())
-def test_fuzz_moe(data):
-    _fuzz("moe", data)
+    run()
 
 
 _AMD = ("AMD Instinct MI300X", "AMD Instinct MI308X", "AMD Instinct MI355X", "NVIDIA H100 80GB HBM3", "MI999")

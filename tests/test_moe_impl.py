@@ -457,3 +457,88 @@ def test_timing_copies_span_twice_l2_of_the_experts_a_launch_reads_without_new_w
     # No more copies than distinct strides of experts (64 / 4), nor one when a launch spans 2x L2.
     assert len(copies(100 * per)) == 16
     assert len(copies(per // 4)) == 1
+
+
+# -- block-scaled fp8 (fp8bs) -----------------------------------------------------------------
+#
+# The interpreter computes garbage for fp8 dots: the block-scale paths run on fp16 stand-ins with
+# the same scale layout (block_operands' storage), as the dense block-fp8 op's CPU tests do. I = 72
+# and K = 200 are not multiples of 128 (partial scale blocks, a 128-row block across gate and up).
+BS_CONFIGS = [S.MoeTiledConfig(16, 32, 32, 1, 4, 3), S.MoeTiledConfig(32, 64, 64, 4, 4, 3),
+              S.MoeSwapABConfig(16, 32, 64, 1, 4, 3), S.MoeSwapABConfig(16, 32, 32, 3, 4, 3),
+              S.MoeGemvConfig(4, 256, 4)]
+
+
+@pytest.mark.parametrize("stage, n, k", [("gate_up", 2 * 72, 200), ("down", 200, 72)])
+# M = 7 takes the interpreter ~12 s per stage: after the main suite (.ci/run).
+@pytest.mark.parametrize("m, e, top_k", [(1, 8, 2), pytest.param(7, 16, 4, marks=pytest.mark.slow)])
+def test_block_scaled_stage_equals_reference(stage, n, k, m, e, top_k):
+    """M = 1 (most experts empty) and 7; every variant's block-scale path; the down stage quantises
+    its input per token group in the launch, the reference with the torch rule."""
+    p = S.Problem(m, n, k, "fp8bs", e, top_k, stage)
+    ops = I.block_operands(p, "cpu", torch.Generator().manual_seed(m + e), torch.float16)
+    assert ops.w_scale.shape == (e, -(-n // 128), -(-k // 128))
+    assert (ops.a_scale is None) == (stage == "down")
+    _check_stage(ops, BS_CONFIGS, "fp16")
+
+
+@pytest.mark.slow
+def test_block_scaled_stage_m33_skewed():
+    for stage, n, k in (("gate_up", 2 * 72, 200), ("down", 200, 72)):
+        ops = I.block_operands(S.Problem(33, n, k, "fp8bs", 16, 4, stage, "zipf"), "cpu",
+                               torch.Generator().manual_seed(3), torch.float16)
+        _check_stage(ops, BS_CONFIGS[:3], "fp16")
+
+
+def test_block_scales_matter_and_group_quantisation_is_the_torch_rule():
+    """Scaling one weight block changes exactly the outputs it feeds; the in-launch per-token-group
+    quantisation gives quantize_per_token_group's values and scales (fp16 target: exact)."""
+    p = S.Problem(3, 2 * 72, 200, "fp8bs", 4, 2, "gate_up")
+    ops = I.block_operands(p, "cpu", torch.Generator().manual_seed(0), torch.float16)
+    y0 = I.reference(ops).clone()
+    ops.w_scale[:, 0, 1] *= 2  # gate rows 0..71 and up rows 0..55 (block 0), K columns 128..199
+    y1 = I.reference(ops)
+    assert not torch.allclose(y0, y1)
+    x = torch.randn((5, 300), generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    q, s = I.quantize_fp8_groups(x, torch.float16)
+    q_ref, s_ref = I.quantize_per_token_group(x, 128, torch.float16)
+    assert s.shape == (5, 3) and torch.equal(s, s_ref) and torch.equal(q, q_ref)
+
+
+def test_block_scaled_operands_fp8_and_checks():
+    """fp8bs operands in fp8 (never zeros, scales > 0) pass check_operands; wrong scale shapes,
+    a bf16 x with a_scale, and the vendor are refused naming the argument."""
+    p = S.Problem(5, 2 * 128, 256, "fp8bs", 8, 2, "gate_up")
+    ops = I.make_operands(p, "cpu", torch.Generator().manual_seed(0))
+    assert ops.w.dtype == ops.x.dtype == torch.float8_e4m3fn and ops.out.dtype == torch.bfloat16
+    assert ops.a_scale.shape == (5, 2) and ops.w_scale.shape == (8, 2, 2)
+    assert (ops.a_scale > 0).all() and (ops.w_scale > 0).all() and ops.x.float().abs().sum() > 0
+    assert I.problem_dtype(ops.w, ops.w_scale) == "fp8bs" and I.problem_dtype(ops.w, ops.w_scale[:, 0, 0]) == "fp8"
+    args = (ops.stage, ops.x, ops.w, ops.topk_weights, ops.topk_ids)
+    assert I.check_operands(*args, ops.a_scale, ops.w_scale, ops.out) == ""
+    assert "w_scale must be a float32 tensor of shape (8, 2, 2)" in I.check_operands(
+        *args, ops.a_scale, ops.w_scale[:, :1].contiguous())
+    assert "a_scale must be a float32 tensor of shape (5, 2)" in I.check_operands(
+        *args, ops.a_scale[:, :1].contiguous(), ops.w_scale)
+    x16 = ops.x.float().to(torch.bfloat16)
+    assert I.check_operands(ops.stage, x16, ops.w, ops.topk_weights, ops.topk_ids, None, ops.w_scale) == ""
+    assert "x must be torch.float8_e4m3fn with a_scale" in I.check_operands(
+        ops.stage, x16, ops.w, ops.topk_weights, ops.topk_ids, ops.a_scale, ops.w_scale)
+    with pytest.raises(ValueError, match="no block-scaled fp8 path"):
+        I.launch(S.VENDOR, ops.stage, ops.x, ops.w, ops.topk_weights, ops.topk_ids, None, ops.a_scale, ops.w_scale)
+
+
+def test_block_scaled_fused_moe_equals_reference():
+    """The layer on fp16 stand-ins with block scales: bf16-like x quantised per token group for
+    gate_up, the intermediate for down; the reference quantises the same way."""
+    g = torch.Generator().manual_seed(5)
+    m, hidden, inter, e, top_k = 7, 200, 72, 6, 2
+    x = torch.randn((m, hidden), generator=g).to(torch.float16)
+    w1, s1 = I.random_block_weights(e, 2 * inter, hidden, "cpu", g, torch.float16)
+    w2, s2 = I.random_block_weights(e, hidden, inter, "cpu", g, torch.float16)
+    tw, ids = I.route(torch.randn((m, e), generator=g), top_k)
+    ref = I.moe_reference(x, w1, w2, tw, ids, w1_scale=s1, w2_scale=s2)
+    y = I.fused_moe(x, w1, w2, tw, ids, CONFIGS[0], S.MoeGemvConfig(4, 256, 4), w1_scale=s1, w2_scale=s2)
+    assert _err(y, ref) <= I.ERROR_BOUNDS["fp16"]
+    assert "a2_scale must be None with block scales" in I.check_layer(x, w1, w2, tw, ids, s1, s2, None,
+                                                                     torch.ones(1))

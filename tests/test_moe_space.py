@@ -12,7 +12,7 @@ from gemm_costmodel.benchmarks import precompile
 from gemm_costmodel.kernels.moe import features as MF
 from gemm_costmodel.kernels.moe import routing as R
 from gemm_costmodel.kernels.moe import space as S
-from gemm_costmodel.kernels.moe import vllm_h100
+from gemm_costmodel.kernels.moe import vllm_blockfp8, vllm_h100
 from gemm_costmodel.serving import features as F
 from gemm_costmodel.kernels import hardware
 from gemm_costmodel.serving.candidates import table
@@ -49,6 +49,55 @@ def test_space_holds_vllms_defaults_and_feasible_tuned_picks():
     out = [t for t in vllm_h100.BF16 if S.MoeTiledConfig(*t).id not in ids]
     assert len(out) == 5 and all(S.smem_bytes(S.MoeTiledConfig(*t), "bf16") > 232448 for t in out)
     assert "grouped_mm" in ids and "grouped_mm" not in {c.id for c in S.generate_configs("sm90", "fp8")}
+
+
+def test_vllm_blockfp8_table_is_what_vllm_launches_from_its_block_files():
+    """Every entry of vLLM's H100/H200 block-fp8 MoE files, BLOCK_SIZE_K capped at 128 as vLLM's
+    launch caps it; the BLOCK_SIZE_M 8 entries (vLLM's Hopper swap-AB path) left out."""
+    want, dropped = set(), set()
+    for path in glob.glob(os.path.join(VLLM_DIR, "*,dtype=fp8_w8a8,block_shape=[[]128,128[]].json")):
+        for entry in json.load(open(path)).values():
+            if isinstance(entry, dict):
+                t = tuple(min(entry[k], 128) if k == "BLOCK_SIZE_K" else entry[k] for k in S.VLLM_KEYS)
+                (dropped if t[0] < 16 else want).add(t)
+    assert set(vllm_blockfp8.FP8_BLOCK) == want and len(want) == 37 and len(dropped) == 5
+
+
+def test_fp8bs_space_rules_defaults_and_no_vendor():
+    """fp8bs: a K tile within one 128-column scale group (tiled, swap-AB), whole groups per GEMV K
+    tile, any BLOCK_N; vLLM's block default for every M; no vendor (torch._grouped_mm has no fp8)."""
+    cfgs = S.generate_configs("sm90", "fp8bs")
+    ids = {c.id for c in cfgs}
+    assert "grouped_mm" not in ids
+    ok, why = S.static_feasible(S.VENDOR, S.ARCHS["sm90"], "fp8bs")
+    assert not ok and "block-scaled" in why
+    for c in cfgs:
+        if c.variant == "gemv":
+            assert c.block_k % 128 == 0
+        else:
+            assert 128 % c.block_k == 0 and c.block_k >= 32
+    assert {c.block_n for c in cfgs if c.variant == "tiled"} >= {32, 64, 128, 256}
+    p = S.Problem(16, 4096, 7168, "fp8bs", 256, 8, "gate_up")
+    ok, why = S.check_feasible(S.MoeTiledConfig(16, 64, 256, 1, 4, 3), p)
+    assert not ok and "divide the 128-column scale group" in why
+    assert S.check_feasible(S.MoeTiledConfig(16, 64, 256, 1, 4, 3), S.Problem(16, 4096, 7168, "fp8", 256, 8,
+                                                                                "gate_up"))[0]
+    # vLLM 0.33.0's get_default_config with block_shape [128, 128] on CUDA.
+    assert S.vllm_default(1, 256, "fp8bs") == S.MoeTiledConfig(16, 64, 128, 1, 4, 4)
+    assert S.vllm_default(8, 256, "fp8bs") == S.MoeTiledConfig(16, 64, 128, 1, 4, 3)
+    assert S.vllm_default(16, 256, "fp8bs") == S.MoeTiledConfig(16, 128, 128, 1, 4, 3)
+    assert S.vllm_default(64, 256, "fp8bs") == S.MoeTiledConfig(16, 128, 128, 32, 4, 3)
+    assert S.vllm_default(65, 256, "fp8bs") == S.MoeTiledConfig(64, 128, 128, 32, 4, 3)
+    for m in (1, 4, 5, 8, 9, 16, 17, 64, 65, 4096):
+        assert S.vllm_default(m, 8, "fp8bs").id in ids
+    # The rule without a model answers vLLM's block default for fp8bs (and the bf16 default otherwise).
+    cands = [{"variant": c.variant, **S.config_params(c)} for c in cfgs]
+    for m in (1, 8, 16, 64, 65, 2048):
+        assert cfgs[S.choose(m, 4096, 7168, 132, cands, e=256, top_k=8, dtype="fp8bs")] == S.vllm_default(m, 256,
+                                                                                                           "fp8bs")
+    # The existing dtypes' spaces are unchanged by the new one (the shipped manifests' hashes).
+    assert S.space_hash(S.generate_configs("sm90", "bf16")) == "838d60482071c3b6"
+    assert S.space_hash(S.generate_configs("sm90", "fp8")) == "acfd541f097b48db"
 
 
 @pytest.mark.parametrize("kw, match", [

@@ -249,3 +249,21 @@ def test_unsure_mode_skips_a_candidate_that_disagrees_and_a_vllm_table_still_win
     cfg = S.MoeTiledConfig(32, 64, 64, 1, 4, 3)
     ops._moe_tables[(8, 40, "fp32")] = {3: cfg.id}
     assert ops.choose_moe(x, w1, w2, tw, ids) == (cfg.id, cfg.id)
+
+
+@pytest.mark.filterwarnings("ignore::gemm_costmodel.serving.runtime.DispatchWarning")
+def test_fused_moe_op_block_scales(fallback):
+    """Block scales (fp8bs's layout) through the torch op, on fp32 stand-ins (the interpreter):
+    equal to the reference that quantises x and the intermediate per token group; block_shape
+    [128, 128] accepted, any other refused naming it."""
+    g = torch.Generator().manual_seed(2)
+    m, e, top_k, inter, hidden = 3, 4, 2, 40, 136
+    x = torch.randn(m, hidden, generator=g)
+    w1, s1 = I.random_block_weights(e, 2 * inter, hidden, "cpu", g, torch.float32)
+    w2, s2 = I.random_block_weights(e, hidden, inter, "cpu", g, torch.float32)
+    tw, ids = ops.route(torch.randn(m, e, generator=g), top_k)
+    y = ops.fused_moe(x, w1, w2, tw, ids, w1_scale=s1, w2_scale=s2, block_shape=[128, 128])
+    ref = I.moe_reference(x, w1, w2, tw, ids, w1_scale=s1, w2_scale=s2)
+    assert (torch.linalg.vector_norm(y - ref) / torch.linalg.vector_norm(ref)).item() < 2e-3
+    with pytest.raises(ValueError, match=r"block_shape must be \[128, 128\]"):
+        ops.fused_moe(x, w1, w2, tw, ids, w1_scale=s1, w2_scale=s2, block_shape=[64, 64])

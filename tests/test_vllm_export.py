@@ -624,3 +624,42 @@ def test_install_errors_name_the_way_out(tmp_path, models_dir, monkeypatch, caps
     assert cli_main(["export-vllm", "--models", models_dir, *argv]) != 0
     err = capsys.readouterr().err
     assert all(n in err for n in needles), err
+
+
+def test_moe_fp8bs_file_name_is_vllms():
+    """Block-scaled fp8 MoE (dtype fp8bs): vLLM 0.33.0's get_config_file_name with block_shape
+    [128, 128] (its list printed, spaces dropped); the H200 family reads NVIDIA_H200's files."""
+    name = V.moe_file_name(256, 256, GPU, "fp8bs")
+    assert name == "E=256,N=256,device_name=NVIDIA_H100_80GB_HBM3,dtype=fp8_w8a8,block_shape=[128,128].json"
+    for gpu in ("NVIDIA H200", "NVIDIA H200 NVL"):
+        assert V.moe_file_name(384, 256, gpu, "fp8bs") == \
+            "E=384,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
+    mv, mo = VLLM_MOE_NAME.match(name), V.MOE_FILE_NAME_RE.match(name)
+    assert mv and mo and mo.group("block") == "128,128" and mo.group("dtype") == "fp8_w8a8"
+    assert V.planned_names("moe", GPU, moe_specs=[V.MoeSpec(256, 256, 7168, 8)], dtype="fp8bs") == [name]
+
+
+def test_moe_fp8bs_pick_without_a_tiled_config_is_vllms_block_default():
+    d = _MoeStub({"gate_up": [("grouped_mm", 1.0)], "down": [("grouped_mm", 1.0)]})
+    for m in (1, 8, 16, 64, 65):
+        cfg, source, _ = V.moe_pick(d, m, MIX, "fp8bs")
+        assert (cfg, source) == (MS.vllm_default(m, 8, "fp8bs"), "default")
+
+
+def test_moe_fp8bs_export_without_a_model_is_the_rule_and_says_so(tmp_path, capsys):
+    """No model serves fp8bs yet (the shipped moe model serves bf16 and fp8): every entry is the
+    op's fallback rule, vLLM's block-fp8 default, in the fp8bs space; the CLI's line says so."""
+    spec = "256,256,7168,8"
+    assert cli_main(["export-vllm", "--op", "moe", "--dtype", "fp8bs", "--moe", spec, "--gpu", "NVIDIA H200",
+                 "--out", str(tmp_path)]) == 0
+    line = capsys.readouterr().out
+    assert "no moe model serves fp8bs on NVIDIA H200" in line and "fallback rule" in line
+    path = tmp_path / "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
+    raw = json.loads(path.read_text())
+    space = set(MS.generate_configs("sm90", "fp8bs"))
+    for key, entry in raw.items():
+        cfg = MS.from_vllm(entry)
+        assert cfg in space and 128 % cfg.block_k == 0, key
+        assert cfg == MS.vllm_default(int(key), 256, "fp8bs"), key
+    side = json.loads((tmp_path / V.SIDECAR).read_text())["files"][path.name]
+    assert side["dtype"] == "fp8bs" and side["counts"]["model"] == 0

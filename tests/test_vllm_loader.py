@@ -4,8 +4,9 @@ imported; see gemm_costmodel.kernels.vllm.loader).
 The vLLM source: COSTMODEL_VLLM_SRC (a wheel, e.g. from `pip download vllm==0.33.0 --no-deps`, or a
 folder holding vllm/), else an installed vllm; without one every test here is skipped, saying so.
 
-For the H100 SXM, H200 and H200 NVL names, `costmodel export-vllm --install` writes fused-MoE bf16
-and fp8 (per-tensor) files and block-fp8 linear files into a temp folder laid out as vLLM's (a
+For the H100 SXM, H200 and H200 NVL names, `costmodel export-vllm --install` writes fused-MoE bf16,
+fp8 (per-tensor) and fp8bs (128x128 block scales: ``block_shape=[128,128]``) files and block-fp8
+linear files into a temp folder laid out as vLLM's (a
 package folder, and a VLLM_TUNED_CONFIG_FOLDER); vLLM's get_moe_configs /
 try_get_optimal_moe_config / get_w8a8_block_fp8_configs, run with that GPU name, must find and
 parse every one: integer M keys, vLLM's grid, entries of exactly the six keys, each a parameter of
@@ -47,6 +48,7 @@ def test_our_device_names_are_vllms(gpu, tmp_path):
     assert V.device_name(gpu, V.KIND_MOE) == moe_part
     assert V.device_name(gpu, V.KIND_BLOCK_FP8) == L.get_device_name_as_file_name()
     assert V.moe_file_name(8, 7168, gpu, "fp8") == L.get_config_file_name(8, 7168, "fp8_w8a8")
+    assert V.moe_file_name(8, 7168, gpu, "fp8bs") == L.get_config_file_name(8, 7168, "fp8_w8a8", [128, 128])
 
 
 @needs_src
@@ -58,8 +60,8 @@ def test_the_source_is_the_version_the_exporter_follows():
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     """{gpu: (package root, VLLM_TUNED_CONFIG_FOLDER)} after --install of every kind per GPU: MoE bf16
-    into the tuned folder, MoE fp8 into the package's fused_moe/configs/ (no tuned folder set),
-    block-fp8 into quantization/utils/configs/."""
+    into the tuned folder, MoE fp8 and fp8bs into the package's fused_moe/configs/ (no tuned folder
+    set), block-fp8 into quantization/utils/configs/."""
     import os
 
     out = {}
@@ -76,8 +78,9 @@ def installed(tmp_path_factory):
             assert cli_main(["export-vllm", "--op", "moe", *moe, "--gpu", gpu, "--install",
                              "--vllm-package", str(pkg)]) == 0
             del os.environ["VLLM_TUNED_CONFIG_FOLDER"]
-            assert cli_main(["export-vllm", "--op", "moe", "--dtype", "fp8", *moe, "--gpu", gpu, "--install",
-                             "--vllm-package", str(pkg)]) == 0
+            for dt in ("fp8", "fp8bs"):
+                assert cli_main(["export-vllm", "--op", "moe", "--dtype", dt, *moe, "--gpu", gpu, "--install",
+                                 "--vllm-package", str(pkg)]) == 0
             nk = [a for n, k in NK for a in ("--nk", f"{n},{k}")]
             assert cli_main(["export-vllm", *nk, "--gpu", gpu, "--install", "--vllm-package", str(pkg)]) == 0
         finally:
@@ -114,6 +117,14 @@ def test_vllm_finds_and_parses_every_exported_file(installed, gpu):
             for m in (1, 3, 100, 5000):
                 got = L.try_get_optimal_moe_config((e, 2 * n, k), (e, k, n), top_k, dtype, m)
                 assert got == table[min(table, key=lambda x: abs(x - m))], (what, m)
+        # Block-scaled fp8 (fp8bs): vLLM looks for ...,dtype=fp8_w8a8,block_shape=[128,128].json.
+        what = f"{gpu} E={e},N={n} fp8_w8a8 block [128,128]"
+        table = L.get_moe_configs(e, n, "fp8_w8a8", 128, 128)
+        _check_table(table, moe_params, what)
+        assert all(128 % entry["BLOCK_SIZE_K"] == 0 for entry in table.values()), what
+        for m in (1, 3, 100, 5000):
+            got = L.try_get_optimal_moe_config((e, 2 * n, k), (e, k, n), top_k, "fp8_w8a8", m, block_shape=[128, 128])
+            assert got == table[min(table, key=lambda x: abs(x - m))], (what, m)
     for n, k in NK:
         _check_table(L.get_w8a8_block_fp8_configs(n, k, 128, 128), bs_params, f"{gpu} N={n},K={k}")
     assert not [msg for msg in L.logger.messages("warning") if "default" in msg.lower()]

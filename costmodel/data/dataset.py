@@ -24,7 +24,8 @@ from .health import STATUS_ORDER, health
 # out_of_memory: the device had no memory for the shape's operands or workspace (another
 # process held it); a failure of the sweep, not of the config. See demote_oom_eval_shapes.
 STATUSES = ("ok", "wrong", "compile_error", "out_of_resources", "out_of_memory", "crash", "unsupported")
-DTYPES = ("bf16", "fp16", "fp8", "fp32")
+# fp8bs: the MoE op's block-scaled fp8 (kernels/moe/space.py).
+DTYPES = ("bf16", "fp16", "fp8", "fp32", "fp8bs")
 SOURCES = ("harness", "csv", "vllm")
 
 # column -> (kind, description with unit). kind: int, float, bool, str.

@@ -256,6 +256,9 @@ def summary_line(path: str, table) -> str:
     if isinstance(table, MoeVllmTable):
         line += (f"; one config per M for both GEMMs (gate_up {2 * table.n}x{table.hidden}, down "
                  f"{table.hidden}x{table.n}; hidden {table.hidden}, top_k {table.top_k}, routing {MOE_ROUTING})")
+        if not c[SOURCE_MODEL] and c[SOURCE_RULE]:
+            line += (f"; no moe model serves {table.dtype} on {table.gpu_name}: every ranked entry is the op's "
+                     "fallback rule (vLLM's default config for the dtype), not a tuning")
     return line
 
 
@@ -291,7 +294,8 @@ def export(nk_pairs, out_dir: str, gpu_name: str = DEFAULT_GPU, models_dir: str 
 # -- The fused-MoE files (op ``moe``) -------------------------------------------------------
 #
 # vLLM's fused_experts looks up, per (E, N) and GPU, ``E={E},N={N},device_name={gpu}.json``
-# (bf16 and fp16: no dtype part; fp8 w8a8 with per-tensor scales: ``,dtype=fp8_w8a8``), where E
+# (bf16 and fp16: no dtype part; fp8 w8a8 with per-tensor scales: ``,dtype=fp8_w8a8``; fp8 w8a8
+# with 128x128 block scales, the op's dtype fp8bs: ``,dtype=fp8_w8a8,block_shape=[128,128]``), where E
 # is the rank's number of experts and N the per-shard intermediate size I (w2 is (E, hidden, N));
 # the body maps M to the same six keys, and an M missing from the file takes the nearest key.
 # vLLM runs ONE config per M for both grouped GEMMs of the layer (gate_up: (M * top_k) x 2N x
@@ -303,10 +307,10 @@ def export(nk_pairs, out_dir: str, gpu_name: str = DEFAULT_GPU, models_dir: str 
 # rankings is taken (ties: the gate_up ranking's order). Where neither ranking holds a tiled
 # config, vLLM's default for (M, E).
 
-MOE_DTYPE_TAGS = {"bf16": None, "fp16": None, "fp8": "fp8_w8a8"}
+MOE_DTYPE_TAGS = {"bf16": None, "fp16": None, "fp8": "fp8_w8a8", "fp8bs": "fp8_w8a8"}
 MOE_ROUTING = "balanced"
-# Any vLLM fused-MoE file name (the tuned files' folder also holds int8/fp8 block-scaled ones);
-# an exported name has no block_shape and a dtype part only for fp8.
+# Any vLLM fused-MoE file name (the tuned files' folder also holds int8 ones); an exported name has a
+# dtype part only for fp8 and fp8bs, and a block_shape only for fp8bs.
 # One definition of it, in the op's torch-free space (the serving op reads the same files).
 MOE_FILE_NAME_RE = re.compile(VLLM_MOE_FILE_NAME)
 # How the pick of an M was combined over the two stages.
@@ -321,12 +325,22 @@ def _moe_space():
     return space
 
 
+def moe_block_shape(dtype: str):
+    """vLLM's block_shape [block_n, block_k] of the dtype's files (fp8bs: the op's scale block), else None."""
+    S = _moe_space()
+    return S.BLOCK_SHAPE if dtype == S.BLOCK_DTYPE else None
+
+
 def moe_file_name(e: int, n: int, gpu_name: str, dtype: str = "bf16") -> str:
-    """vLLM's file name of the (E, N = intermediate size) fused-MoE table for this GPU and dtype."""
+    """vLLM's file name of the (E, N = intermediate size) fused-MoE table for this GPU and dtype, as
+    vLLM 0.33.0's ``get_config_file_name`` spells it: ``,dtype=..`` for fp8, and for block scales
+    ``,block_shape=[bn,bk]`` (its list printed without spaces)."""
     if dtype not in MOE_DTYPE_TAGS:
         raise ValueError(f"vLLM's fused-MoE files exist for dtypes {', '.join(MOE_DTYPE_TAGS)}, got {dtype!r}")
     tag = MOE_DTYPE_TAGS[dtype]
-    return f"E={e},N={n},device_name={device_name(gpu_name, KIND_MOE)}" + (f",dtype={tag}" if tag else "") + ".json"
+    block = moe_block_shape(dtype)
+    return (f"E={e},N={n},device_name={device_name(gpu_name, KIND_MOE)}" + (f",dtype={tag}" if tag else "")
+            + (f",block_shape=[{block[0]},{block[1]}]" if block else "") + ".json")
 
 
 @dataclass(frozen=True)
@@ -469,7 +483,7 @@ def moe_pick(d, m: int, spec: MoeSpec, dtype: str = "bf16", count: int | None = 
                                          g.get(c, (len(g),))[0], c.id))
         combine = COMBINE_RANK
     else:
-        return S.vllm_default(m, spec.e, "fp8" if dtype == "fp8" else "bf16"), SOURCE_DEFAULT, \
+        return S.vllm_default(m, spec.e, dtype if dtype in S.FP8_DTYPES else "bf16"), SOURCE_DEFAULT, \
             {"combine": COMBINE_NONE, "predicted_us": None}
     choice = (g.get(best) or w.get(best))[1]
     pred = None

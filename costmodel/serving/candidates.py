@@ -33,7 +33,7 @@ class CandidateTable:
     """Configs of generate_configs(arch, dtype) in a stable order, plus their parameters as arrays."""
 
     def __init__(self, arch: str, dtype: str, op: str):
-        if dtype == "fp8" and arch_has_fp8(arch) is False:
+        if dtype in ("fp8", "fp8bs") and arch_has_fp8(arch) is False:
             # generate_configs lists the fp8 configs by shared memory alone; none of them runs here.
             raise ValueError(f"dtype fp8 has no candidates on {arch}: no fp8 tensor cores")
         self.arch, self.dtype, self.op = arch, dtype, op

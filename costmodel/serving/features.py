@@ -24,11 +24,15 @@ from gemm_costmodel.kernels.gemm.space import PARAM_NAMES as PARAMS
 
 FEATURE_VERSION = 2  # 2: variant codes 4-5 (swap-AB)
 
-DTYPE_CODES = {"bf16": 0, "fp16": 1, "fp8": 2, "fp32": 3}
+# fp8bs (code 4): the MoE op's block-scaled fp8 (1-byte inputs, bf16 output). A new code leaves every
+# existing row's features and the schema hash as they were (the hash covers the feature names, not
+# the codes), so models trained before it keep loading; only rows of that dtype carry 4.
+DTYPE_CODES = {"bf16": 0, "fp16": 1, "fp8": 2, "fp32": 3, "fp8bs": 4}
+_BLOCK_FP8 = {"fp8bs": "fp8"}  # element sizes as the dtype it block-scales
 OUT_BYTES = {d: IN_BYTES[OUT_DTYPE[d]] for d in IN_BYTES}
 
-_IN_B = [float(IN_BYTES[d]) for d in DTYPE_CODES]
-_OUT_B = [float(OUT_BYTES[d]) for d in DTYPE_CODES]
+_IN_B = [float(IN_BYTES[_BLOCK_FP8.get(d, d)]) for d in DTYPE_CODES]
+_OUT_B = [float(OUT_BYTES[_BLOCK_FP8.get(d, d)]) for d in DTYPE_CODES]
 # Per-row numeric inputs every feature is computed from.
 BASE_COLUMNS = ("m", "n", "k", "e", "top_k", "dtype_code", "variant_code", *PARAMS,
                 "sm_count", "smem_per_sm_kb", "l2_mb", "peak_tflops", "hbm_gbps")

@@ -38,7 +38,7 @@ from gemm_costmodel import registry
 from gemm_costmodel.serving.candidates import arch_has_fp8
 from gemm_costmodel.serving.candidates import table as candidate_table
 
-DTYPES = ("bf16", "fp16", "fp8")
+DTYPES = ("bf16", "fp16", "fp8", "fp8bs")
 # The kernels were written and tested for 32-bit sizes (no int64 casts in their index math): larger
 # problems are refused here rather than risking wrapped offsets.
 MAX_DIM = 2**31 - 1
@@ -651,7 +651,7 @@ class Dispatcher:
         if self.space_arch is None and not self._op.vendor_ids:
             raise ValueError(f"op {self.op} has no candidate on {self.gpu_name!r} ({self.arch or 'arch unknown'}): "
                              "no candidate space for its arch and no vendor library")
-        if dtype != "fp8":
+        if dtype not in ("fp8", "fp8bs"):  # fp8bs: the MoE op's block-scaled fp8
             return
         where = f"{self.gpu_name!r} ({self.arch or 'arch unknown'})"
         if self.fp8_supported is False:
@@ -790,7 +790,7 @@ class Dispatcher:
                                     "the model stays in use")
         sm = self.spec.sm_count if self.spec else (self.measured or {}).get("sm_count", 132)
         # The op's own fields its rule takes (MoE: e, top_k).
-        fields = {"e": e, "top_k": top_k, **dict(zip(self._extra_names, extra))}
+        fields = {"e": e, "top_k": top_k, "dtype": dtype, **dict(zip(self._extra_names, extra))}
         kw = {f: fields[f] for f in self._op.fallback_fields()}
         idx = np.flatnonzero(mask)
         i = self._op.fallback_rule()(m, n, k, sm, ct.candidate_dicts(idx), **kw)

@@ -41,12 +41,20 @@ import triton
 import triton.language as tl
 
 from ..common import _grouped_tile, zeroed_buffer
+# The block-scale quantisation is the dense block-fp8 op's (vLLM's per-token-group and 128x128 rules).
+from ..fp8_blockscale.impl import (expand_block_scales, expand_group_scales, quantize_per_token_group,
+                                   quantize_weight_blocks)
 from . import routing as R
-from .space import MAX_EXPERTS, STAGES, MoeGemvConfig, MoeSwapABConfig, MoeTiledConfig, Problem, VendorConfig
+from .space import (BLOCK_DTYPE, GROUP_K, GROUP_N, MAX_EXPERTS, STAGES, MoeGemvConfig, MoeSwapABConfig, MoeTiledConfig,
+                    Problem, VendorConfig)
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn, "fp16": torch.float16, "fp32": torch.float32}
+# A tensor's dtype names its storage: fp8bs is fp8 storage with block scales (a 3-D w_scale), so it
+# is not a key here (``problem_dtype`` tells the two fp8 dtypes apart).
 DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
-OUT_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+TORCH_DTYPES[BLOCK_DTYPE] = torch.float8_e4m3fn
+OUT_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
+                    BLOCK_DTYPE: torch.bfloat16}
 
 # Relative Frobenius error bounds against the fp32 reference of the same (quantised) operands.
 # Rounding dominates: the gate_up GEMM output is stored in the output dtype before silu-and-mul
@@ -55,7 +63,9 @@ OUT_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp16": torch
 # consumes, the down stage's own quantisation of its bf16 input included (same scale, same
 # round-to-nearest-even: the same fp8 values, but for the GEMV's rare last-bit ties from multiplying
 # by the reciprocal), hence the bf16 bound.
-ERROR_BOUNDS = {"bf16": 1e-2, "fp8": 1e-2, "fp16": 2e-3, "fp32": 2e-3}
+# fp8bs: the reference quantises the down stage's bf16 input per token group with the kernel's own
+# rule (IEEE division, round-to-nearest-even), so it sees the same fp8 values: the bf16 bound too.
+ERROR_BOUNDS = {"bf16": 1e-2, "fp8": 1e-2, BLOCK_DTYPE: 1e-2, "fp16": 2e-3, "fp32": 2e-3}
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 _SCALE_MIN = 1e-10  # floor of a dynamic scale: an all-zero tensor quantises to zeros, not NaN
@@ -257,15 +267,36 @@ def _k_step(a_ptrs, w_ptrs, valid, offs_k, k_left, EVEN_K: tl.constexpr):
     return a, b
 
 
+@triton.jit
+def _block_scale_rows(a_scale_ptr, w_scale_ptr, rows, expert, rn, stride_as, stride_wse, stride_wsn,
+                      GROUP_N: tl.constexpr):
+    """Block scales (fp8bs): each A row's row of activation group scales (rows, ceil(K/128)), and each
+    weight row's row of its expert's 128x128 block scales (E, ceil(N/128), ceil(K/128))."""
+    return a_scale_ptr + rows * stride_as, w_scale_ptr + expert * stride_wse + (rn // GROUP_N) * stride_wsn
+
+
+@triton.jit
+def _block_scales_at(as_rows, ws_rows, valid, kt, BLOCK_K: tl.constexpr, GROUP_K: tl.constexpr):
+    """K tile kt's scales: BLOCK_K divides GROUP_K (space.static_feasible), so the tile lies in one
+    scale group, and one scale per A row and one per weight row multiply its partial product."""
+    kg = kt * BLOCK_K // GROUP_K
+    return tl.load(as_rows + kg, mask=valid, other=0.0), tl.load(ws_rows + kg)
+
+
 @triton.jit(do_not_specialize=["EM", "num_valid"])
 def moe_gemm_kernel(a_ptr, w_ptr, c_ptr, a_scale_ptr, w_scale_ptr, tw_ptr, sorted_ptr, expert_ids_ptr, ntpp_ptr,
                     N, K, EM, num_valid, stride_am, stride_we, stride_wn, stride_cm,
+                    stride_as, stride_wse, stride_wsn,
                     A_DIV: tl.constexpr, MUL_WEIGHT: tl.constexpr, HAS_SCALE: tl.constexpr,
                     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, BLOCK_SCALE: tl.constexpr = False,
+                    GROUP_N: tl.constexpr = 128, GROUP_K: tl.constexpr = 128):
     """Program: BLOCK_M slots of the sorted pairs (one expert) x BLOCK_N weight rows, grouped
     order. A rows are slot's pair // A_DIV (gate_up: the token; down: the pair); the result goes
-    to row `pair` of c. Padding slots (sentinel >= num_valid) load nothing and store nothing."""
+    to row `pair` of c. Padding slots (sentinel >= num_valid) load nothing and store nothing.
+    HAS_SCALE: per-tensor fp8 scales applied once after the loop; BLOCK_SCALE (fp8bs): each K tile's
+    partial product times its activation group scales (per A row) and weight block scales (per
+    weight row), added to the fp32 accumulator, as vLLM's fused_moe_kernel does with a block_shape."""
     num_pid_m = tl.cdiv(EM, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     pid_m, pid_n = _grouped_tile(tl.program_id(0), num_pid_m, num_pid_n, GROUP_M)
@@ -276,10 +307,16 @@ def moe_gemm_kernel(a_ptr, w_ptr, c_ptr, a_scale_ptr, w_scale_ptr, tw_ptr, sorte
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :]
     w_ptrs = w_ptr + expert * stride_we + rn[:, None] * stride_wn + offs_k[None, :]
+    as_rows, ws_rows = _block_scale_rows(a_scale_ptr, w_scale_ptr, rows, expert, rn, stride_as, stride_wse,
+                                         stride_wsn, GROUP_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kt in range(0, tl.cdiv(K, BLOCK_K)):
         a, b = _k_step(a_ptrs, w_ptrs, valid, offs_k, K - kt * BLOCK_K, EVEN_K)
-        acc = tl.dot(a, tl.trans(b), acc)
+        if BLOCK_SCALE:
+            a_s, w_s = _block_scales_at(as_rows, ws_rows, valid, kt, BLOCK_K, GROUP_K)
+            acc += tl.dot(a, tl.trans(b)) * a_s[:, None] * w_s[None, :]
+        else:
+            acc = tl.dot(a, tl.trans(b), acc)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     if HAS_SCALE:
@@ -293,8 +330,10 @@ def moe_gemm_kernel(a_ptr, w_ptr, c_ptr, a_scale_ptr, w_scale_ptr, tw_ptr, sorte
 @triton.jit(do_not_specialize=["EM", "num_valid", "A_DIV"])
 def moe_swapab_kernel(a_ptr, w_ptr, c_ptr, a_scale_ptr, w_scale_ptr, tw_ptr, sorted_ptr, expert_ids_ptr, ntpp_ptr,
                       N, K, EM, num_valid, A_DIV, stride_am, stride_we, stride_wn, stride_cm,
+                      stride_as, stride_wse, stride_wsn,
                       MUL_WEIGHT: tl.constexpr, HAS_SCALE: tl.constexpr, EVEN_K: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+                      BLOCK_SCALE: tl.constexpr = False, GROUP_N: tl.constexpr = 128, GROUP_K: tl.constexpr = 128):
     """Program (n-tile, pair block, K slice): acc (BLOCK_N, BLOCK_M) = w_e[n-tile] @ a[pairs].T, so
     the weight rows fill wgmma's 64-row M side and the few pairs of a decode step its N side (the
     unswapped kernel pads them to BLOCK_M >= 16 MMA rows on the Ampere-style path). With SPLIT_K
@@ -313,10 +352,17 @@ def moe_swapab_kernel(a_ptr, w_ptr, c_ptr, a_scale_ptr, w_scale_ptr, tw_ptr, sor
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + rows[:, None] * stride_am + (t0 * BLOCK_K + offs_k)[None, :]
     w_ptrs = w_ptr + expert * stride_we + rn[:, None] * stride_wn + (t0 * BLOCK_K + offs_k)[None, :]
+    as_rows, ws_rows = _block_scale_rows(a_scale_ptr, w_scale_ptr, rows, expert, rn, stride_as, stride_wse,
+                                         stride_wsn, GROUP_N)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for kt in range(t0, t1):
         a, b = _k_step(a_ptrs, w_ptrs, valid, offs_k, K - kt * BLOCK_K, EVEN_K)
-        acc = tl.dot(b, tl.trans(a), acc)
+        if BLOCK_SCALE:
+            # The slices' partials are scaled tile by tile, so the split's fp32 sum needs nothing after.
+            a_s, w_s = _block_scales_at(as_rows, ws_rows, valid, kt, BLOCK_K, GROUP_K)
+            acc += tl.dot(b, tl.trans(a)) * w_s[:, None] * a_s[None, :]
+        else:
+            acc = tl.dot(b, tl.trans(a), acc)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     if HAS_SCALE:
@@ -485,6 +531,130 @@ def _launch_gemv(cfg: MoeGemvConfig, stage: str, x, w, topk_weights, topk_ids, o
     return out
 
 
+# The block-scale (fp8bs) GEMVs: the same programs over fp8 activations already quantised per token
+# group (the down stage's bf16 input by ``quantize_fp8_groups`` first: a dynamic per-group scale
+# needs the group's amax, which every program would otherwise recompute). A K tile is whole 128-column
+# groups (space.static_feasible), viewed as (BLOCK_N, G, 128) as the dense block-fp8 GEMV does, so
+# each (weight row, group) scale is one load per tile that multiplies 128 products.
+
+
+@triton.jit
+def _gemv_bs_x(x_ptr, as_ptr, row, stride_x, stride_as, k, g, K, KG, EVEN_K: tl.constexpr):
+    """Activation row ``row`` at the (G, 128) columns k, dequantised: times its group scales."""
+    if EVEN_K:
+        v = tl.load(x_ptr + row * stride_x + k).to(tl.float32)
+        s = tl.load(as_ptr + row * stride_as + g)
+    else:
+        v = tl.load(x_ptr + row * stride_x + k, mask=k < K, other=0.0).to(tl.float32)
+        s = tl.load(as_ptr + row * stride_as + g, mask=g < KG, other=0.0)
+    return v * s[:, None]
+
+
+@triton.jit
+def _gemv_bs_w(w_rows, s_rows, k, g, K, KG, EVEN_K: tl.constexpr):
+    """(BLOCK_N, G, 128) weight tile times each row's block scale of each group, in fp32."""
+    if EVEN_K:
+        w = tl.load(w_rows + k[None, :, :], eviction_policy="evict_first")
+        s = tl.load(s_rows + g[None, :])
+    else:
+        w = tl.load(w_rows + k[None, :, :], mask=(k < K)[None, :, :], other=0.0, eviction_policy="evict_first")
+        s = tl.load(s_rows + g[None, :], mask=(g < KG)[None, :], other=0.0)
+    return w.to(tl.float32) * s[:, :, None]
+
+
+@triton.jit(do_not_specialize=["num_n", "top_k"])
+def moe_gemv_bs_gate_up_kernel(x_ptr, w_ptr, out_ptr, ids_ptr, as_ptr, ws_ptr, I: tl.constexpr, K: tl.constexpr,
+                               num_n, top_k, stride_xm: tl.constexpr, stride_we: tl.constexpr,
+                               stride_wn: tl.constexpr, stride_om: tl.constexpr, stride_as: tl.constexpr,
+                               stride_wse: tl.constexpr, stride_wsn: tl.constexpr, EVEN_K: tl.constexpr,
+                               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_N: tl.constexpr,
+                               GROUP_K: tl.constexpr):
+    """moe_gemv_gate_up_kernel with block scales: gate rows n and up rows I + n each take their own
+    128-row block's scales (I need not be a multiple of 128)."""
+    KG: tl.constexpr = (K + GROUP_K - 1) // GROUP_K
+    G: tl.constexpr = BLOCK_K // GROUP_K
+    pid = tl.program_id(0)
+    pid_n = pid % num_n
+    p = (pid // num_n).to(tl.int64)
+    e = tl.load(ids_ptr + p).to(tl.int64)
+    t = p // top_k
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = tl.where(offs_n < I, offs_n, 0)
+    offs_g = tl.arange(0, G)
+    offs_j = tl.arange(0, GROUP_K)
+    g_rows = w_ptr + e * stride_we + rn[:, None, None] * stride_wn
+    u_rows = g_rows + I * stride_wn
+    gs_rows = ws_ptr + e * stride_wse + (rn // GROUP_N)[:, None] * stride_wsn
+    us_rows = ws_ptr + e * stride_wse + ((I + rn) // GROUP_N)[:, None] * stride_wsn
+    acc_g = tl.zeros((BLOCK_N, G, GROUP_K), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N, G, GROUP_K), dtype=tl.float32)
+    for kt in range(0, tl.cdiv(K, BLOCK_K)):
+        g = kt * G + offs_g
+        k = g[:, None] * GROUP_K + offs_j[None, :]
+        x = _gemv_bs_x(x_ptr, as_ptr, t, stride_xm, stride_as, k, g, K, KG, EVEN_K)[None, :, :]
+        acc_g += _gemv_bs_w(g_rows, gs_rows, k, g, K, KG, EVEN_K) * x
+        acc_u += _gemv_bs_w(u_rows, us_rows, k, g, K, KG, EVEN_K) * x
+    gv = tl.sum(tl.sum(acc_g, axis=2), axis=1)
+    uv = tl.sum(tl.sum(acc_u, axis=2), axis=1)
+    y = gv * tl.sigmoid(gv) * uv
+    tl.store(out_ptr + p * stride_om + offs_n, y.to(out_ptr.dtype.element_ty), mask=offs_n < I)
+
+
+@triton.jit(do_not_specialize=["num_n", "top_k"])
+def moe_gemv_bs_down_kernel(x_ptr, w_ptr, out_ptr, ids_ptr, tw_ptr, as_ptr, ws_ptr, N: tl.constexpr,
+                            K: tl.constexpr, num_n, top_k, stride_xm: tl.constexpr, stride_we: tl.constexpr,
+                            stride_wn: tl.constexpr, stride_om: tl.constexpr, stride_as: tl.constexpr,
+                            stride_wse: tl.constexpr, stride_wsn: tl.constexpr, EVEN_K: tl.constexpr,
+                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_N: tl.constexpr,
+                            GROUP_K: tl.constexpr):
+    """moe_gemv_down_kernel with block scales: the routing weight folded into the dequantised
+    activation row, one fp32 accumulator over the token's top_k experts."""
+    KG: tl.constexpr = (K + GROUP_K - 1) // GROUP_K
+    G: tl.constexpr = BLOCK_K // GROUP_K
+    pid = tl.program_id(0)
+    pid_n = pid % num_n
+    t = (pid // num_n).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = tl.where(offs_n < N, offs_n, 0)
+    offs_g = tl.arange(0, G)
+    offs_j = tl.arange(0, GROUP_K)
+    acc = tl.zeros((BLOCK_N, G, GROUP_K), dtype=tl.float32)
+    for j in range(0, top_k):
+        p = t * top_k + j
+        e = tl.load(ids_ptr + p).to(tl.int64)
+        wt = tl.load(tw_ptr + p).to(tl.float32)
+        w_rows = w_ptr + e * stride_we + rn[:, None, None] * stride_wn
+        s_rows = ws_ptr + e * stride_wse + (rn // GROUP_N)[:, None] * stride_wsn
+        for kt in range(0, tl.cdiv(K, BLOCK_K)):
+            g = kt * G + offs_g
+            k = g[:, None] * GROUP_K + offs_j[None, :]
+            wv = _gemv_bs_w(w_rows, s_rows, k, g, K, KG, EVEN_K)
+            x = _gemv_bs_x(x_ptr, as_ptr, p, stride_xm, stride_as, k, g, K, KG, EVEN_K) * wt
+            acc += wv * x[None, :, :]
+    y = tl.sum(tl.sum(acc, axis=2), axis=1)
+    tl.store(out_ptr + t * stride_om + offs_n, y.to(out_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+def _launch_gemv_bs(cfg: MoeGemvConfig, stage: str, x, w, topk_weights, topk_ids, out, a_scale, w_scale):
+    E, N, K = w.shape
+    top_k = topk_ids.shape[1]
+    ids = topk_ids.reshape(-1)
+    common = dict(EVEN_K=K % cfg.block_k == 0, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_N=GROUP_N,
+                  GROUP_K=GROUP_K, num_warps=cfg.num_warps, num_stages=1)
+    strides = (x.stride(0), w.stride(0), w.stride(1), out.stride(0), a_scale.stride(0), w_scale.stride(0),
+               w_scale.stride(1))
+    if stage == "gate_up":
+        i = N // 2
+        num_n = triton.cdiv(i, cfg.block_n)
+        moe_gemv_bs_gate_up_kernel[(num_n * ids.numel(),)](
+            x, w, out, ids, a_scale, w_scale, i, K, num_n, top_k, *strides, **common)
+    else:
+        num_n = triton.cdiv(N, cfg.block_n)
+        moe_gemv_bs_down_kernel[(num_n * topk_ids.shape[0],)](
+            x, w, out, ids, topk_weights, a_scale, w_scale, N, K, num_n, top_k, *strides, **common)
+    return out
+
+
 @triton.jit
 def _silu_mul_kernel(x_ptr, y_ptr, map_ptr, I, stride_x, stride_y, HAS_MAP: tl.constexpr, BLOCK: tl.constexpr):
     """y[dst, :] = silu(x[r, :I]) * x[r, I:2I] in fp32, dst = map[r] (the vendor's scatter back to
@@ -530,6 +700,36 @@ def _quant_fp8_kernel(x_ptr, y_ptr, s_ptr, n, BLOCK: tl.constexpr):
     x = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)
     q = tl.clamp(tl.math.div_rn(x, tl.load(s_ptr) + tl.zeros_like(x)), -448.0, 448.0)
     tl.store(y_ptr + offs, q.to(y_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _quant_group_fp8_kernel(x_ptr, y_ptr, s_ptr, K, stride_x, stride_y, stride_s, GROUP: tl.constexpr):
+    """Program (row r, group g): s[r, g] = max(amax(x[r, group g]) / 448, 1e-10) and y = x / s clamped
+    to +-448 in y's dtype: vLLM's dynamic per-token-group fp8 rule, with IEEE divisions so that the
+    values equal the torch reference's (fp8_blockscale.impl.quantize_per_token_group)."""
+    r = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1)
+    cols = g * GROUP + tl.arange(0, GROUP)
+    m = cols < K
+    x = tl.load(x_ptr + r * stride_x + cols, mask=m, other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=0)
+    s = tl.maximum(tl.math.div_rn(amax, 448.0), 1e-10)
+    q = tl.clamp(tl.math.div_rn(x, s + tl.zeros_like(x)), -448.0, 448.0)
+    tl.store(y_ptr + r * stride_y + cols, q.to(y_ptr.dtype.element_ty), mask=m)
+    tl.store(s_ptr + r * stride_s + g, s)
+
+
+def quantize_fp8_groups(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn):
+    """Dynamic per-token-group quantisation (1 x 128 groups) of a 2-D x: (x_q in ``dtype``, scales
+    fp32 (rows, ceil(K/128))). One Triton launch, no sync; the values of quantize_per_token_group."""
+    rows, k = x.shape
+    kg = triton.cdiv(k, GROUP_K)
+    y = torch.empty((rows, k), dtype=dtype, device=x.device)
+    s = torch.empty((rows, kg), dtype=torch.float32, device=x.device)
+    if rows:
+        _quant_group_fp8_kernel[(rows, kg)](x, y, s, k, x.stride(0), y.stride(0), s.stride(0), GROUP=GROUP_K,
+                                            num_warps=1)
+    return y, s
 
 
 def _cols_block(n: int) -> int:
@@ -630,7 +830,18 @@ def dtype_name(t: torch.Tensor) -> str:
     try:
         return DTYPE_NAMES[t.dtype]
     except KeyError:
-        raise ValueError(f"unsupported dtype {t.dtype}; supported: {sorted(TORCH_DTYPES)}") from None
+        raise ValueError(f"unsupported dtype {t.dtype}; supported: {sorted(DTYPE_NAMES.values())}") from None
+
+
+def is_block_scaled(w_scale) -> bool:
+    """Block scales (fp8bs): a 3-D w_scale (E, ceil(N/128), ceil(K/128)); per-tensor fp8 has (E,)."""
+    return isinstance(w_scale, torch.Tensor) and w_scale.dim() == 3
+
+
+def problem_dtype(w: torch.Tensor, w_scale=None) -> str:
+    """The problem dtype of a weight and its scale: fp8 storage with block scales is fp8bs."""
+    name = dtype_name(w)
+    return BLOCK_DTYPE if name == "fp8" and is_block_scaled(w_scale) else name
 
 
 def output_shape(stage: str, x: torch.Tensor, w: torch.Tensor, topk_ids: torch.Tensor) -> tuple[int, int]:
@@ -665,16 +876,28 @@ def launch(cfg, stage: str, x: torch.Tensor, w: torch.Tensor, topk_weights: torc
     take fp8 x with its scale a_scale (1,), or x in bf16, quantised here with the static a_scale;
     the output is bf16. Everything the stage needs runs here (align for cfg.block_m, GEMM,
     silu-and-mul or the top_k sum); scratch is allocated here. Does not validate (hot path: see
-    check_operands). Never synchronises the device."""
+    check_operands). Never synchronises the device.
+
+    Block scales (fp8bs: w_scale (E, ceil(N/128), ceil(K/128))): x fp8 with its per-token-group
+    scales a_scale (rows, ceil(K/128)), or a_scale None and x in bf16, quantised here per token group
+    with dynamic scales (``quantize_fp8_groups``, as vLLM quantises both stages' inputs). fp16/fp32
+    weights with block scales are the CPU interpreter's stand-ins (the same scale layout)."""
     wname = dtype_name(w)
     if out is None:
         out = torch.empty(output_shape(stage, x, w, topk_ids), dtype=OUT_TORCH_DTYPES[wname], device=x.device)
-    fp8 = wname == "fp8"
+    block = is_block_scaled(w_scale)
+    fp8 = wname == "fp8" and not block  # per-tensor scales
+    if block and a_scale is None:
+        x, a_scale = quantize_fp8_groups(x, w.dtype)
     if isinstance(cfg, MoeGemvConfig):
+        if block:
+            return _launch_gemv_bs(cfg, stage, x, w, topk_weights, topk_ids, out, a_scale, w_scale)
         return _launch_gemv(cfg, stage, x, w, topk_weights, topk_ids, out, a_scale, w_scale, fp8)
     if fp8 and x.dtype != torch.float8_e4m3fn:
         x = quantize_fp8(x, a_scale)
     if isinstance(cfg, VendorConfig):
+        if block:
+            raise ValueError("the vendor candidate (torch._grouped_mm) has no block-scaled fp8 path")
         if fp8:
             raise ValueError("the vendor candidate (torch._grouped_mm) has no fp8 path")
         return _vendor(stage, x, w, topk_weights, topk_ids, out)
@@ -694,23 +917,26 @@ def launch(cfg, stage: str, x: torch.Tensor, w: torch.Tensor, topk_weights: torc
     else:
         c = out if direct else torch.empty((pairs, N), dtype=out.dtype, device=x.device)
     EM = sorted_ids.numel()
-    scales = (a_scale if fp8 else x, w_scale if fp8 else x)
+    scales = (a_scale if fp8 or block else x, w_scale if fp8 or block else x)
+    # Block scales' strides: activation rows, experts, 128-row blocks (0: unused, never read).
+    sstr = (a_scale.stride(0), w_scale.stride(0), w_scale.stride(1)) if block else (0, 0, 0)
+    bs = dict(BLOCK_SCALE=block, GROUP_N=GROUP_N, GROUP_K=GROUP_K)
     if swap:
         grid = (triton.cdiv(N, cfg.block_n), triton.cdiv(EM, cfg.block_m), cfg.split_k)
         moe_swapab_kernel[grid](
             x, w, c, *scales, topk_weights, sorted_ids, expert_ids, ntpp,
-            N, K, EM, pairs, 1 if down else top_k, x.stride(0), w.stride(0), w.stride(1), c.stride(0),
+            N, K, EM, pairs, 1 if down else top_k, x.stride(0), w.stride(0), w.stride(1), c.stride(0), *sstr,
             MUL_WEIGHT=down, HAS_SCALE=fp8, EVEN_K=K % cfg.block_k == 0, BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **bs)
     else:
         grid = (triton.cdiv(EM, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
         moe_gemm_kernel[grid](
             x, w, c, *scales, topk_weights, sorted_ids, expert_ids, ntpp,
-            N, K, EM, pairs, x.stride(0), w.stride(0), w.stride(1), c.stride(0),
+            N, K, EM, pairs, x.stride(0), w.stride(0), w.stride(1), c.stride(0), *sstr,
             A_DIV=1 if down else top_k, MUL_WEIGHT=down, HAS_SCALE=fp8, EVEN_K=K % cfg.block_k == 0,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **bs)
     if not down:
         return silu_and_mul(c, out)
     if not direct:
@@ -773,9 +999,13 @@ def check_operands(stage: str, x, w, topk_weights, topk_ids, a_scale=None, w_sca
     if stage == "gate_up" and n % 2:
         return f"{nm['w']} must have an even N (gate and up halves) for stage gate_up, got N = {n}"
     if w.dtype not in DTYPE_NAMES:
-        return f"{nm['w']} must be one of {sorted(TORCH_DTYPES)}, got {w.dtype}"
+        return f"{nm['w']} must be one of {sorted(DTYPE_NAMES.values())}, got {w.dtype}"
     wname = DTYPE_NAMES[w.dtype]
-    if wname == "fp8":
+    if is_block_scaled(w_scale):
+        msg = _check_block_scales(nm, x, w, a_scale, w_scale, rows)
+        if msg:
+            return msg
+    elif wname == "fp8":
         if x.dtype not in (torch.float8_e4m3fn, torch.bfloat16):
             return f"{nm['x']} must be float8_e4m3fn or bfloat16 (quantised here) with fp8 weights, got {x.dtype}"
         if x.dtype == torch.float8_e4m3fn or a_scale is not None or not _dynamic_a_scale:
@@ -798,11 +1028,33 @@ def check_operands(stage: str, x, w, topk_weights, topk_ids, a_scale=None, w_sca
     return ""
 
 
-def _check_scale(label: str, s, shape: tuple, device) -> str:
+def _check_block_scales(nm: dict, x, w, a_scale, w_scale, rows: int) -> str:
+    """fp8bs operands: w_scale (E, ceil(N/128), ceil(K/128)); x quantised (w's dtype) with a_scale
+    (rows, ceil(K/128)), or a_scale None and x a float tensor quantised per token group in the launch.
+    fp16/fp32 weights (the CPU interpreter's stand-ins) take the same scales."""
+    e, n, k = w.shape
+    if w.dtype not in (torch.float8_e4m3fn, torch.float16, torch.float32):
+        return (f"block scales ({nm['w_scale']} 3-D) are for float8_e4m3fn weights (fp16/fp32 only as the CPU "
+                f"interpreter's stand-ins), got {nm['w']} {w.dtype}")
+    kg = -(-k // GROUP_K)
+    msg = _check_scale(nm["w_scale"], w_scale, (e, -(-n // GROUP_N), kg), x.device, "block-scaled")
+    if msg:
+        return msg
+    if a_scale is None:
+        if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            return (f"{nm['x']} must be bfloat16 (quantised per token group here) or {w.dtype} with "
+                    f"{nm['a_scale']}, got {x.dtype}")
+        return ""
+    if x.dtype != w.dtype:
+        return f"{nm['x']} must be {w.dtype} with {nm['a_scale']} (or bfloat16 without it), got {x.dtype}"
+    return _check_scale(nm["a_scale"], a_scale, (rows, kg), x.device, "block-scaled")
+
+
+def _check_scale(label: str, s, shape: tuple, device, what: str = "fp8") -> str:
     """A float32 scale of ``shape`` on ``device`` (a one-element scale may be 0-D)."""
     ok = isinstance(s, torch.Tensor) and s.dtype == torch.float32 and s.device == device and (
         tuple(s.shape) == shape or (shape == (1,) and s.numel() == 1))
-    return "" if ok else f"{label} must be a float32 tensor of shape {shape} on {device} with fp8 weights"
+    return "" if ok else f"{label} must be a float32 tensor of shape {shape} on {device} with {what} weights"
 
 
 def _raise(msg: str) -> None:
@@ -885,12 +1137,52 @@ def random_weights(e: int, n: int, k: int, dtype: str, device, generator: torch.
     return w, scales
 
 
+def random_block_weights(e: int, n: int, k: int, device, generator: torch.Generator,
+                         storage: torch.dtype = torch.float8_e4m3fn):
+    """(w (E, N, K) in ``storage``, fp32 block scales (E, ceil(N/128), ceil(K/128))): entries
+    ~ N(0, 1/K), each expert quantised per 128x128 block (fp8_blockscale's rule; the last blocks
+    partial). ``storage`` fp16/fp32: the CPU interpreter's stand-ins, same scales."""
+    w = torch.empty((e, n, k), dtype=storage, device=device)
+    scales = torch.empty((e, -(-n // GROUP_N), -(-k // GROUP_K)), dtype=torch.float32, device=device)
+    for i in range(e):
+        part = torch.randn((n, k), generator=generator, device=device, dtype=torch.float32).mul_(k ** -0.5)
+        w[i], scales[i] = quantize_weight_blocks(part, GROUP_N, storage)
+    return w, scales
+
+
+def block_operands(problem: Problem, device, generator: torch.Generator,
+                   storage: torch.dtype = torch.float8_e4m3fn) -> Operands:
+    """One fp8bs stage's inputs (never zeros), as vLLM's block-fp8 layer sees them: weights per
+    128x128 block (``random_block_weights``); gate_up's activations ~ N(0, 1) times a per-token
+    magnitude 2^-3 .. 2^3 (so group scales differ by row), quantised per token group with their
+    scales; the down stage's input in the intermediate's dtype (bf16; the stand-ins' own), which the
+    stage quantises per token group itself (a_scale None). ``storage`` fp16/fp32: CPU stand-ins."""
+    m, n, k, e, top_k = problem.m, problem.n, problem.k, problem.e, problem.top_k
+    ids = torch.from_numpy(np.ascontiguousarray(R.topk_ids(problem.routing, m, e, top_k))).to(device)
+    tw = torch.rand((m, top_k), generator=generator, device=device) + 0.25
+    tw /= tw.sum(dim=1, keepdim=True)
+    rows = m if problem.stage == "gate_up" else m * top_k
+    x = torch.randn((rows, k), generator=generator, device=device, dtype=torch.float32)
+    x *= torch.exp2(torch.rand((rows, 1), generator=generator, device=device) * 6 - 3)
+    w, w_scale = random_block_weights(e, n, k, device, generator, storage)
+    inter = OUT_TORCH_DTYPES[DTYPE_NAMES[storage]]
+    if problem.stage == "gate_up":
+        x, a_scale = quantize_per_token_group(x, GROUP_K, storage)
+    else:
+        x, a_scale = x.to(inter), None
+    out_rows, out_cols = (m * top_k, n // 2) if problem.stage == "gate_up" else (m, n)
+    out = torch.empty((out_rows, out_cols), dtype=inter, device=device)
+    return Operands(problem.stage, x, w, tw, ids, out, a_scale, w_scale)
+
+
 def make_operands(problem: Problem, device: str | torch.device, generator: torch.Generator) -> Operands:
     """Fresh random inputs of one stage (never zeros): activations ~ N(0, 1), weights ~ N(0, 1/K)
     so outputs are O(1); topk_ids from the problem's routing (deterministic per problem),
     topk_weights positive and normalised per token. fp8: activations quantised with one scale
     (amax / 448), weights with one per expert; the down stage's input stays bf16 (the stage
-    quantises it with its static scale, here the amax of this input)."""
+    quantises it with its static scale, here the amax of this input). fp8bs: ``block_operands``."""
+    if problem.dtype == BLOCK_DTYPE:
+        return block_operands(problem, device, generator)
     m, n, k, e, top_k = problem.m, problem.n, problem.k, problem.e, problem.top_k
     ids = torch.from_numpy(np.ascontiguousarray(R.topk_ids(problem.routing, m, e, top_k))).to(device)
     tw = torch.rand((m, top_k), generator=generator, device=device) + 0.25
@@ -937,8 +1229,13 @@ def _expert_groups(topk_ids: torch.Tensor):
         start += c
 
 
-def _activations(x: torch.Tensor, w: torch.Tensor, a_scale) -> torch.Tensor:
-    """x as the GEMM consumes it, in fp32: fp8 dequantised; bf16 with fp8 weights quantised first."""
+def _activations(x: torch.Tensor, w: torch.Tensor, a_scale, block: bool = False) -> torch.Tensor:
+    """x as the GEMM consumes it, in fp32: fp8 dequantised; bf16 with fp8 weights quantised first
+    (block scales: per token group, dynamic when a_scale is None, in w's dtype)."""
+    if block:
+        if a_scale is None:
+            x, a_scale = quantize_per_token_group(x, GROUP_K, w.dtype)
+        return x.float() * expand_group_scales(a_scale.float(), x.shape[1])
     if w.dtype == torch.float8_e4m3fn:
         if x.dtype != torch.float8_e4m3fn:
             x = quantize_fp8_reference(x, a_scale)
@@ -950,13 +1247,21 @@ def stage_reference(stage: str, x, w, topk_weights, topk_ids, a_scale=None, w_sc
     """fp32 reference of one stage, expert by expert over the experts with pairs (one expert's
     weight in fp32 at a time); TF32 off."""
     top_k = topk_ids.shape[1]
-    n = w.shape[1]
+    n, k = w.shape[1], w.shape[2]
     out = torch.zeros(output_shape(stage, x, w, topk_ids), dtype=torch.float32, device=x.device)
     tw = topk_weights.reshape(-1).float()
+    block = is_block_scaled(w_scale)
+    if block:
+        # Every row quantised (or dequantised) once, as the stage's launch does before its GEMM.
+        x = _activations(x, w, a_scale, block=True)
     with _no_tf32(x.device):
         for e, idx in _expert_groups(topk_ids):
-            we = w[e].float() * (w_scale[e].float() if w_scale is not None else 1.0)
-            a = _activations(x.index_select(0, idx // top_k if stage == "gate_up" else idx), w, a_scale)
+            if block:
+                we = w[e].float() * expand_block_scales(w_scale[e].float(), n, k)
+                a = x.index_select(0, idx // top_k if stage == "gate_up" else idx)
+            else:
+                we = w[e].float() * (w_scale[e].float() if w_scale is not None else 1.0)
+                a = _activations(x.index_select(0, idx // top_k if stage == "gate_up" else idx), w, a_scale)
             y = a @ we.T
             if stage == "gate_up":
                 out[idx] = torch.nn.functional.silu(y[:, : n // 2]) * y[:, n // 2:]
@@ -1010,7 +1315,16 @@ def check_layer(x, w1, w2, topk_weights, topk_ids, w1_scale=None, w2_scale=None,
     if w2.device != x.device or not w2.is_contiguous():
         return f"w2 must be contiguous and on {x.device}"
     fp8 = w1.dtype == torch.float8_e4m3fn
-    if fp8:
+    if is_block_scaled(w1_scale):
+        # The intermediate is always quantised per token group with dynamic scales (vLLM's rule).
+        if a2_scale is not None:
+            return "a2_scale must be None with block scales (the intermediate is quantised per token group)"
+        inter = n1 // 2
+        msg = _check_scale("w2_scale", w2_scale, (e, -(-hidden // GROUP_N), -(-inter // GROUP_K)), x.device,
+                           "block-scaled")
+        if msg:
+            return msg
+    elif fp8:
         msg = _check_scale("w2_scale", w2_scale, (e,), x.device)
         if not msg and a2_scale is not None:
             msg = _check_scale("a2_scale", a2_scale, (1,), x.device)
@@ -1038,7 +1352,8 @@ def fused_moe(x, w1, w2, topk_weights, topk_ids, cfg_up, cfg_down, *, w1_scale=N
     None). ValueError naming the argument on bad operands."""
     if check:  # check=False: the caller (the torch op) validated these operands already
         _raise(check_layer(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale, out))
-    fp8 = w1.dtype == torch.float8_e4m3fn
+    # Per-tensor fp8 only: block scales quantise both stages' inputs per token group in the launch.
+    fp8 = w1.dtype == torch.float8_e4m3fn and not is_block_scaled(w1_scale)
     if fp8 and a1_scale is None:
         a1_scale = dynamic_scale(x)
     h = launch(cfg_up, "gate_up", x, w1, topk_weights, topk_ids, None, a1_scale, w1_scale)
@@ -1054,7 +1369,7 @@ def moe_reference(x, w1, w2, topk_weights, topk_ids, *, w1_scale=None, w2_scale=
     taken from this reference intermediate, which may differ from the kernel's by one rounding:
     compare fp8 layers with static scales (or a looser bound)."""
     _raise(check_layer(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale))
-    fp8 = w1.dtype == torch.float8_e4m3fn
+    fp8 = w1.dtype == torch.float8_e4m3fn and not is_block_scaled(w1_scale)
     if fp8 and a1_scale is None:
         a1_scale = dynamic_scale(x)
     h = stage_reference("gate_up", x, w1, topk_weights, topk_ids, a1_scale, w1_scale)

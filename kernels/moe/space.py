@@ -32,8 +32,18 @@ Candidates (the same module interface as ``kernels/gemm/space.py``):
 - ``vendor`` (``grouped_mm``): ``torch._grouped_mm`` (bf16, sm90) over the expert-contiguous
   layout, its permutation of the rows counted in its time.
 
-dtypes: bf16; fp8 (w8a8, per-tensor activation scale and per-expert weight scale); fp16/fp32 only
-for the Triton CPU interpreter tests (they compute garbage for bf16/fp8 dots).
+dtypes: bf16; fp8 (w8a8, per-tensor activation scale and per-expert weight scale); fp8bs (w8a8 block
+scales, as DeepSeek-V3/R1, Kimi-K2 and Qwen3-*-FP8 checkpoints run in vLLM: one fp32 scale per 128x128
+block of every expert's weight, (E, ceil(N/128), ceil(K/128)), and one per token per 128 columns of the
+activations, (rows, ceil(K/128)); vLLM's files ``...,dtype=fp8_w8a8,block_shape=[128,128].json``);
+fp16/fp32 only for the Triton CPU interpreter tests (they compute garbage for bf16/fp8 dots).
+
+fp8bs's space (``_enumerate``): vLLM's block-fp8 default for every M, every config of vLLM's
+block-fp8 MoE tuned files (``vllm_blockfp8.py``), the per-tensor fp8 table, swap-AB and the GEMV.
+Its rules (``static_feasible``): a K tile lies in one 128-column scale group (BLOCK_K divides 128,
+vLLM's tuner's filter; vLLM's launch even caps BLOCK_SIZE_K at 128), the GEMV's K tile is whole
+groups; BLOCK_N is free (the kernels read each weight row's block scale, as vLLM's does). No vendor:
+torch._grouped_mm has no fp8 form, block-scaled or not.
 """
 from __future__ import annotations
 
@@ -46,9 +56,15 @@ from typing import ClassVar, Union
 from ..space_common import (ARCHS, PARAM_NAMES, ArchSpec, VendorConfig, check_dims, feasibility,  # noqa: F401
                             first_violation, param_arrays, parse_config_id, rules_mask, space_hash)
 from . import routing as R
-from . import vllm_h100
+from ..fp8_blockscale.space import GROUP_K, GROUP_N
+from . import vllm_blockfp8, vllm_h100
 
-DTYPE_BYTES = {"bf16": 2, "fp8": 1, "fp16": 2, "fp32": 4}
+DTYPE_BYTES = {"bf16": 2, "fp8": 1, "fp8bs": 1, "fp16": 2, "fp32": 4}
+# The block-scaled fp8 dtype and its scale block [block_n, block_k] (vLLM's block_shape).
+BLOCK_DTYPE = "fp8bs"
+BLOCK_SHAPE = (GROUP_N, GROUP_K)
+# Dtypes whose tensor cores are fp8 (the per-tensor and the block-scaled one).
+FP8_DTYPES = ("fp8", BLOCK_DTYPE)
 DTYPES = tuple(DTYPE_BYTES)
 STAGES = ("gate_up", "down")
 # How a shape id (dtype:MxNxK, as evaluation results and reports name shapes) spells the op's own
@@ -208,7 +224,14 @@ def vllm_default(m: int, e: int, dtype: str = "bf16") -> MoeTiledConfig:
     """vLLM's ``get_default_config`` for M tokens and E experts (no tuned file; bf16, and fp8 w8a8
     without a block shape): BLOCK_SIZE_M 16/32/64/128 for M <= 32/96/512/else, BLOCK_SIZE_N 64 if
     M <= 64 else 128, BLOCK_SIZE_K 128 if fp8 or M <= 64 else 64, GROUP_SIZE_M 16 if M // E > 128
-    else 1, num_warps 4 if M <= 128 else 8, num_stages 4 if M <= 32 else 3."""
+    else 1, num_warps 4 if M <= 128 else 8, num_stages 4 if M <= 32 else 3.
+
+    fp8bs (block_shape [128, 128], vLLM's CUDA branch): BLOCK_SIZE_M 16 if M <= 64 else 64,
+    BLOCK_SIZE_N 64 if M <= 8 else 128 (the block's rows), BLOCK_SIZE_K 128 (the block's columns),
+    GROUP_SIZE_M 1 if M <= 16 else 32, num_warps 4, num_stages 4 if M <= 4, else 3."""
+    if dtype == BLOCK_DTYPE:
+        return MoeTiledConfig(16 if m <= 64 else 64, 64 if m <= 8 else GROUP_N, GROUP_K, 1 if m <= 16 else 32, 4,
+                              4 if m <= 4 else 3)
     bm = 16 if m <= 32 else 32 if m <= 96 else 64 if m <= 512 else 128
     return MoeTiledConfig(bm, 64 if m <= 64 else 128, 128 if (dtype == "fp8" or m <= 64) else 64,
                           16 if m // e > 128 else 1, 4 if m <= 128 else 8, 4 if m <= 32 else 3)
@@ -231,8 +254,10 @@ def to_vllm(cfg: MoeTiledConfig) -> dict:
                                 cfg.num_stages)))
 
 
-# vLLM's defaults over its M grid and beyond, for E = 1 (the GROUP_SIZE_M 16 arm) and E >= 64.
+# vLLM's defaults over its M grid and beyond, for E = 1 (the GROUP_SIZE_M 16 arm) and E >= 64; and
+# the block-fp8 default's M steps.
 _DEFAULT_M = (1, 32, 33, 64, 65, 96, 97, 128, 129, 512, 513, 8192)
+_BLOCK_DEFAULT_M = (1, 5, 9, 17, 65)
 
 
 # Largest M the swap-AB variant runs at (decode; a problem rule).
@@ -263,10 +288,16 @@ GEMV_K_TILE_SLACK = 2
 
 
 def _enumerate(dtype: str) -> list[MoeConfig]:
-    table = vllm_h100.FP8 if dtype == "fp8" else vllm_h100.BF16
-    dd = "fp8" if dtype == "fp8" else "bf16"
-    out = [vllm_default(m, e, dd) for m in _DEFAULT_M for e in (1, 64)]
-    out += [MoeTiledConfig(*t) for t in table]
+    if dtype == BLOCK_DTYPE:
+        # vLLM's block default first (the rule's answer), then its block-fp8 and per-tensor fp8 picks
+        # (those with K tiles over one scale group drop out in static_feasible).
+        out = [vllm_default(m, 1, dtype) for m in _BLOCK_DEFAULT_M]
+        out += [MoeTiledConfig(*t) for t in vllm_blockfp8.FP8_BLOCK + vllm_h100.FP8]
+    else:
+        table = vllm_h100.FP8 if dtype == "fp8" else vllm_h100.BF16
+        dd = "fp8" if dtype == "fp8" else "bf16"
+        out = [vllm_default(m, e, dd) for m in _DEFAULT_M for e in (1, 64)]
+        out += [MoeTiledConfig(*t) for t in table]
     out += [MoeSwapABConfig(16, bn, bk, sk, 4, st) for bn in SWAPAB_BLOCK_N for bk in SWAPAB_BLOCK_K
             for sk in SWAPAB_SPLIT_K for st in SWAPAB_STAGES]
     out += [MoeGemvConfig(*c) for c in sorted(GEMV_CONFIGS, key=lambda c: (c[2], c[0], c[1]))]
@@ -285,13 +316,21 @@ def smem_bytes(cfg: MoeConfig, dtype: str) -> int:
 def static_feasible(cfg: MoeConfig, arch: ArchSpec, dtype: str) -> tuple[bool, str]:
     """Problem-independent feasibility: shared memory, the vendor's dtype."""
     if isinstance(cfg, VendorConfig):
+        if dtype == BLOCK_DTYPE:
+            return False, "the vendor candidate (torch._grouped_mm) has no block-scaled fp8 form"
         if dtype != "bf16":
             return False, "the vendor candidate (torch._grouped_mm) is bf16-only"
         return True, ""
     if smem_bytes(cfg, dtype) > arch.smem_per_block:
         return False, f"shared memory {smem_bytes(cfg, dtype)} B > {arch.smem_per_block} B"
-    if dtype == "fp8" and cfg.block_k < 32:
+    if dtype in FP8_DTYPES and cfg.block_k < 32:
         return False, "fp8 dot needs block_k >= 32"
+    if dtype == BLOCK_DTYPE:
+        if isinstance(cfg, MoeGemvConfig):
+            if cfg.block_k % GROUP_K:
+                return False, f"the block-scale GEMV's K tile must be whole {GROUP_K}-column scale groups"
+        elif GROUP_K % cfg.block_k:
+            return False, f"block_k={cfg.block_k} must divide the {GROUP_K}-column scale group (one scale per K tile)"
     return True, ""
 
 
@@ -352,12 +391,16 @@ problem_mask, check_feasible, feasible_configs = feasibility(globals())
 
 # -- the fallback rule -----------------------------------------------------------------------
 
-def choose(m: int, n: int, k: int, sm_count: int, candidates: list[dict], e: int = 1, top_k: int = 1) -> int:
-    """The runtime's rule without a model: vLLM's default for (M, E), i.e. the index of the
-    candidate (dicts with 'variant' and PARAM_NAMES) nearest to it."""
+def choose(m: int, n: int, k: int, sm_count: int, candidates: list[dict], e: int = 1, top_k: int = 1,
+           dtype: str = "bf16") -> int:
+    """The runtime's rule without a model: vLLM's default for (M, E) and the dtype (fp8bs: vLLM's
+    block-fp8 default), i.e. the index of the candidate (dicts with 'variant' and PARAM_NAMES)
+    nearest to it."""
     if not candidates:
         raise ValueError("no candidates to choose from")
-    want = config_params(vllm_default(m, e))
+    # Only fp8bs takes its own default here: the bf16/fp8 rule has always been the bf16 default (what
+    # the shipped evaluations' "heuristic" rows measured), and stays so.
+    want = config_params(vllm_default(m, e, BLOCK_DTYPE if dtype == BLOCK_DTYPE else "bf16"))
 
     def dist(c: dict) -> float:
         if c["variant"] != "tiled":

@@ -21,6 +21,13 @@ Layer variants, as vLLM shards the experts:
 Variants whose w1 + w2 bf16 weights exceed WEIGHT_LIMIT_BYTES are skipped (the GPU must also
 hold the activations and the harness's rotating copies).
 
+fp8bs (block-scaled fp8) takes only the variants vLLM can load with 128x128 block scales: the
+per-shard intermediate size a multiple of 128 (``block_ok``; vLLM's Fp8MoEMethod refuses others),
+from the same training and held-out families; a held-out family whose eval variant is not such
+takes its first variant that is (``eval_variant``), and one without any (gpt-oss-20b, I = 2880) has
+no fp8bs eval shapes. vLLM's block-fp8 MoE files for the H100 serve no training variant; its H200
+ones serve two (``VLLM_BLOCK_SUITE_FILES``), which make the fp8bs ``vllm`` suite.
+
 Suites (``suite(dtype) -> [MoeShape]``):
 - ``train`` (``training_suite``): the training families, every variant, M over TRAIN_M (vLLM's
   MoE M grid plus 8192); routing ``balanced`` plus one skewed routing per (variant, M), cycling
@@ -228,13 +235,30 @@ class LayerVariant:
                 MoeShape(m, self.hidden, self.inter, dtype, self.e, self.top_k, "down", routing, o))
 
 
-def variants(model: MoeModel, guard: bool = True) -> list[LayerVariant]:
-    """The model's TP and EP variants (module doc); ``guard``: drop those over WEIGHT_LIMIT_BYTES."""
+def variants(model: MoeModel, guard: bool = True, dtype: str = "bf16") -> list[LayerVariant]:
+    """The model's TP and EP variants (module doc); ``guard``: drop those over WEIGHT_LIMIT_BYTES;
+    fp8bs: only those vLLM loads with block scales (``block_ok``)."""
     out = [LayerVariant(model, "tp", t) for t in TP_DEGREES
            if model.intermediate % t == 0 and model.intermediate // t >= MIN_N]
     out += [LayerVariant(model, "ep", p) for p in EP_DEGREES
             if model.experts % p == 0 and model.experts // p >= model.top_k]
-    return [v for v in out if not guard or v.weight_bytes <= WEIGHT_LIMIT_BYTES]
+    return [v for v in out if (not guard or v.weight_bytes <= WEIGHT_LIMIT_BYTES) and block_ok(v, dtype)]
+
+
+def block_ok(v: LayerVariant, dtype: str) -> bool:
+    """Whether vLLM runs the variant in dtype: for fp8bs, its per-shard intermediate size must be a
+    multiple of the 128-row scale block (vLLM 0.33.0's Fp8MoEMethod raises otherwise: w13's gate and
+    up halves and w2's K groups must each be whole blocks); every variant for the other dtypes."""
+    return dtype != space.BLOCK_DTYPE or v.inter % space.BLOCK_SHAPE[0] == 0
+
+
+def eval_variant(model: MoeModel, dtype: str = "bf16") -> LayerVariant | None:
+    """The variant the eval suite measures: the model's ``eval_variant``; for fp8bs, when that one
+    is not block-scalable, its first variant that is (None: the model has none)."""
+    v = variant(model, model.eval_variant)
+    if block_ok(v, dtype):
+        return v
+    return next(iter(variants(model, dtype=dtype)), None)
 
 
 def variant(model: MoeModel, name: str) -> LayerVariant:
@@ -360,9 +384,23 @@ def unmapped_vllm_files(dtype: str = "bf16") -> list[VllmFile]:
 
 # -- suites -------------------------------------------------------------------------------
 
+# fp8bs: vLLM 0.33.0's block-fp8 MoE files ``E=..,N=..,device_name=NVIDIA_H200,dtype=fp8_w8a8,
+# block_shape=[128,128].json`` whose (E, N) is a training variant: DeepSeek-V3 TP8 and Qwen3-235B-A22B
+# TP2 (its H100 block files, E=256/512 with N=128..384, serve none).
+VLLM_BLOCK_SUITE_FILES = ((256, 256), (128, 768))
+
+
 def vllm_suite(dtype: str = "bf16") -> list[MoeShape]:
     """vLLM's tuned H100 files of VLLM_SUITE_FILES (each a training family's variant) at EVAL_M,
-    balanced, both stages; every candidate measured; held out of ``training_suite``."""
+    balanced, both stages; every candidate measured; held out of ``training_suite``. fp8bs: its
+    H200 block-fp8 files of VLLM_BLOCK_SUITE_FILES."""
+    if dtype == space.BLOCK_DTYPE:
+        idx = _variant_index()
+        out = []
+        for en in VLLM_BLOCK_SUITE_FILES:
+            v = next(v for v in idx[en] if v.model in TRAINING_MODELS)
+            out += [s for m in EVAL_M for s in v.shapes(m, dtype, "balanced")]
+        return _merge(out)
     files = {(f.e, f.n): f for f in vllm_file_shapes(dtype)}
     out = []
     for en in VLLM_SUITE_FILES[dtype]:
@@ -377,10 +415,10 @@ def training_suite(dtype: str = "bf16", ms: Iterable[int] = TRAIN_M, skewed: int
     stages; without the vllm suite's shapes."""
     if not 0 <= skewed <= len(R.SKEWED):
         raise ValueError(f"skewed must be in 0..{len(R.SKEWED)}, got {skewed}")
-    held = {s.key for s in vllm_suite(dtype)} if dtype in VLLM_SUITE_FILES else set()
+    held = {s.key for s in vllm_suite(dtype)} if dtype in VLLM_SUITE_FILES or dtype == space.BLOCK_DTYPE else set()
     out, vi = [], 0
     for model in TRAINING_MODELS:
-        for v in variants(model):
+        for v in variants(model, dtype=dtype):
             for mi, m in enumerate(ms):
                 extra = () if m == 1 else tuple(R.SKEWED[(vi + mi + j) % len(R.SKEWED)] for j in range(skewed))
                 out += [s for r in ("balanced", *extra) for s in v.shapes(m, dtype, r)]
@@ -409,7 +447,9 @@ def eval_suite(dtype: str = "bf16") -> list[MoeShape]:
     stages; every candidate measured."""
     out = []
     for model in HELDOUT_MODELS:
-        v = variant(model, model.eval_variant)
+        v = eval_variant(model, dtype)
+        if v is None:
+            continue
         out += [s for m in EVAL_M for s in v.shapes(m, dtype, "balanced")]
         out += [s for m in EVAL_SKEWED_M for s in v.shapes(m, dtype, EVAL_SKEWED)]
     return _merge(out)

@@ -42,9 +42,10 @@ def _bound():
     return _host
 
 
-# The MoE dispatcher serves bf16 and fp8 models; fp16/fp32 (the CPU interpreter's stand-ins) are
-# decided as fp16, which has no model: the fallback rule (vLLM's default) decides.
-_MOE_DISPATCH_DTYPE = {"bf16": "bf16", "fp8": "fp8", "fp16": "fp16", "fp32": "fp16"}
+# The MoE dispatcher serves bf16, fp8 and fp8bs (block-scaled fp8: until a model serves it, the
+# fallback rule, vLLM's block-fp8 default); fp16/fp32 (the CPU interpreter's stand-ins, with or
+# without block scales) are decided as fp16, which has no model: the fallback rule decides.
+_MOE_DISPATCH_DTYPE = {"bf16": "bf16", "fp8": "fp8", MS.BLOCK_DTYPE: MS.BLOCK_DTYPE, "fp16": "fp16", "fp32": "fp16"}
 # Exact-hit tables in vLLM's fused-MoE format: {(E, N = intermediate, dtype): {M: config id}}.
 _moe_tables: dict[tuple[int, int, str], dict[int, str]] = {}
 _VLLM_MOE_DTYPES = {None: "bf16", "fp8_w8a8": "fp8", "float8": "fp8"}
@@ -55,7 +56,8 @@ def load_vllm_moe_configs(folder: str, gpu_name: str | None = None) -> int:
     this GPU (default: the current CUDA device) as exact-hit tables: an M that is a key of the file
     of (E, N, dtype) launches that entry's config for both stages, before any model decision
     (vLLM's precedence; other M go to the model, not to vLLM's nearest key). Files of other GPUs,
-    block-scaled or int8 dtypes are skipped. Returns the number of tables loaded; ValueError naming
+    block-scaled or int8 dtypes are skipped (vLLM's own block-fp8 files hold BLOCK_SIZE_M 8 entries,
+    which only its Hopper swap-AB path runs: no config of this op's fp8bs space). Returns the number of tables loaded; ValueError naming
     the file for an entry that is not a vLLM config or not in this op's space."""
     gpu = gpu_name
     if gpu is None and torch.cuda.is_available():
@@ -92,11 +94,23 @@ def clear_vllm_moe_configs() -> None:
     _moe_tables.clear()
 
 
-def _moe_dims(x, w1, w2, topk_ids) -> tuple[int, int, int, int, int, str]:
-    """(M, hidden, intermediate, E, top_k, dtype name) of checked operands."""
+def _moe_dims(x, w1, w2, topk_ids, w1_scale=None) -> tuple[int, int, int, int, int, str]:
+    """(M, hidden, intermediate, E, top_k, problem dtype) of checked operands (fp8 weights with block
+    scales: fp8bs)."""
     m, hidden = x.shape
     e, n1, _ = w1.shape
-    return m, hidden, n1 // 2, e, topk_ids.shape[1], MOE.DTYPE_NAMES[w1.dtype]
+    return m, hidden, n1 // 2, e, topk_ids.shape[1], MOE.problem_dtype(w1, w1_scale)
+
+
+def _check_block_shape(w1_scale, block_shape) -> str:
+    """'' when block_shape is None or vLLM's [128, 128] with block scales (a 3-D w1_scale)."""
+    if block_shape is None:
+        return ""
+    if list(block_shape) != list(MS.BLOCK_SHAPE):
+        return f"block_shape must be {list(MS.BLOCK_SHAPE)} (the op's scale block), got {list(block_shape)}"
+    if not MOE.is_block_scaled(w1_scale):
+        return "block_shape needs block scales: w1_scale of shape (E, ceil(2I/128), ceil(hidden/128))"
+    return ""
 
 
 def choose_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
@@ -119,7 +133,7 @@ def _tune_moe(host, x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_sc
     """Unsure mode's (gate_up, down) for a validated layer: each stage's persisted winner, else its
     top k checked on these operands (gate_up first, then down on the winner's output) and timed
     (``moe_bench``, or CUDA graphs over synthetic copies of the stage for ``routing``)."""
-    m, hidden, inter, e, top_k, dt = _moe_dims(x, w1, w2, topk_ids)
+    m, hidden, inter, e, top_k, dt = _moe_dims(x, w1, w2, topk_ids, w1_scale)
     ddt = _MOE_DISPATCH_DTYPE[dt]
     bound = 2 * MOE.ERROR_BOUNDS.get(dt, 1e-2)
 
@@ -152,7 +166,7 @@ def _tune_moe(host, x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_sc
 def _choose_moe(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale,
                 routing) -> tuple[str, str]:
     host = _bound()
-    m, hidden, inter, e, top_k, dt = _moe_dims(x, w1, w2, topk_ids)
+    m, hidden, inter, e, top_k, dt = _moe_dims(x, w1, w2, topk_ids, w1_scale)
     hit = _moe_tables.get((e, inter, dt), {}).get(m)
     if hit is not None:
         return hit, hit
@@ -168,6 +182,10 @@ def _choose_moe(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale,
             return _tune_moe(host, x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale,
                              routing, keys)
     if not x.is_cuda and host.dispatcher().space_arch is None:
+        if MOE.is_block_scaled(w1_scale):
+            # torch's grouped GEMM has no block-scaled form: vLLM's block-fp8 default runs them.
+            cid = MS.vllm_default(m, e, MS.BLOCK_DTYPE).id
+            return cid, cid
         # CPU tensors and no GPU to rank for: torch's own grouped GEMM runs them on the CPU.
         vendor = host.spec.vendor_ids[0]
         return vendor, vendor
@@ -177,9 +195,11 @@ def _choose_moe(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale,
     return up, down
 
 
-def _fused_moe(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale, routing):
+def _fused_moe(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale, routing,
+               block_shape=None):
     # Validated once per call (here), not again by impl.fused_moe.
-    msg = MOE.check_layer(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale)
+    msg = MOE.check_layer(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale) or \
+        _check_block_shape(w1_scale, block_shape)
     if msg:
         raise ValueError(msg)
     up, down = _choose_moe(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale, routing)
@@ -192,13 +212,14 @@ def _fused_moe(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, 
 def _fused_moe_op(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                   topk_ids: torch.Tensor, w1_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
                   a1_scale: torch.Tensor | None = None, a2_scale: torch.Tensor | None = None,
-                  routing: str = "balanced") -> torch.Tensor:
-    return _fused_moe(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale, routing)
+                  routing: str = "balanced", block_shape: list[int] | None = None) -> torch.Tensor:
+    return _fused_moe(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale, routing,
+                      block_shape)
 
 
 @_fused_moe_op.register_fake
 def _(x, w1, w2, topk_weights, topk_ids, w1_scale=None, w2_scale=None, a1_scale=None, a2_scale=None,
-      routing="balanced"):
+      routing="balanced", block_shape=None):
     if x.dim() != 2 or w1.dim() != 3 or w2.dim() != 3:
         raise ValueError("x must be 2-D (M, hidden), w1 and w2 3-D (E, 2I, hidden), (E, hidden, I)")
     if w1.dtype not in MOE.DTYPE_NAMES:
@@ -209,7 +230,7 @@ def _(x, w1, w2, topk_weights, topk_ids, w1_scale=None, w2_scale=None, a1_scale=
 def fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, *, w1_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
               a1_scale: torch.Tensor | None = None, a2_scale: torch.Tensor | None = None,
-              routing: str = "balanced") -> torch.Tensor:
+              routing: str = "balanced", block_shape: list[int] | None = None) -> torch.Tensor:
     """The MoE layer on the dispatched kernels (vLLM's ``fused_experts``):
     y (M, hidden) = sum_j topk_weights[t, j] * (silu(x w1_e[:I].T) * (x w1_e[I:].T)) w2_e.T, e = topk_ids[t, j].
 
@@ -217,11 +238,19 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights:
     with per-expert fp32 scales w1_scale, w2_scale (E,) and optional static activation scales
     a1_scale, a2_scale (1,) (dynamic per-tensor when None); topk_ids int32 (M, top_k),
     topk_weights fp32 (M, top_k) (``route(router_logits, top_k)`` makes both). Each stage runs
-    its own dispatched config (``choose_moe``). ValueError naming the bad argument."""
+    its own dispatched config (``choose_moe``). ValueError naming the bad argument.
+
+    Block-scaled fp8 (dtype fp8bs; DeepSeek-V3/R1, Kimi-K2, Qwen3-*-FP8 in vLLM): w1, w2 fp8 with
+    fp32 128x128 block scales w1_scale (E, ceil(2I/128), ceil(hidden/128)) and w2_scale
+    (E, ceil(hidden/128), ceil(I/128)), ``block_shape`` [128, 128] (optional: the scales' shape says
+    it); x bf16 (quantised per token group here) or fp8 with a1_scale (M, ceil(hidden/128)); the
+    intermediate is always quantised per token group with dynamic scales (a2_scale None), as vLLM's
+    fused_experts does with a block_shape."""
     if torch.compiler.is_compiling():
         return torch.ops.gemm_costmodel.fused_moe(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale,
-                                                  a1_scale, a2_scale, routing)
-    return _fused_moe(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale, routing)
+                                                  a1_scale, a2_scale, routing, block_shape)
+    return _fused_moe(x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale, routing,
+                      block_shape)
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
