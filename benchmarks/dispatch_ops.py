@@ -12,7 +12,7 @@ from the registry (``problem_fields``, ``fixed``), so no op is named here.
   problem find per-problem caches filled) and for the random M (new problems);
 - warm: the same problems cached, ``select`` in a loop (median over repeats) vs a dict lookup.
 
-An op/dtype with no usable model (e.g. grouped_gemm before its model ships) is timed all the same:
+An op/dtype with no usable model (e.g. MoE's fp8bs before its model ships) is timed all the same:
 its decisions are the fallback rule's, and the result says so (``decided_by``, the reason).
 
     python -m gemm_costmodel.benchmarks.dispatch_ops --gpu "NVIDIA H200" --out DIR
