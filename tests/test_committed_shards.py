@@ -88,6 +88,10 @@ def _mode(name: str) -> str:
     # train_skewed (moe-trainskewed-*) samples as the MoE train suite does.
     if name.startswith(("moe-train-", "moe-trainskewed-")):
         return "sample:24"
+    # The grouped-GEMM op's first H200 training rows (benchmarks/campaigns/grouped-gemm-h200.txt): 6
+    # sampled Triton configs + the vendor per problem.
+    if name.startswith("gg-train-h200-"):
+        return "sample:6"
     return "sample:48" if name.startswith("train-") else "all"
 
 
