@@ -17,6 +17,7 @@ re-exports the ones callers use (``gemm.launch_args``, ``gemm.TORCH_DTYPES``,
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -231,3 +232,18 @@ def rel_diff(y: torch.Tensor, ref: torch.Tensor) -> float:
     """Relative Frobenius distance of y from ref (fp32 ref): how the ops' unsure mode tells a
     candidate that disagrees with the model's first choice."""
     return (torch.linalg.vector_norm(y.float() - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30)).item()
+
+
+@contextlib.contextmanager
+def no_tf32(device):
+    """fp32 references compute in full fp32 on CUDA (TF32 matmuls off for the block), then the
+    previous setting again; nothing to do elsewhere."""
+    if torch.device(device).type != "cuda":
+        yield
+        return
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev

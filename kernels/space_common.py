@@ -10,7 +10,7 @@ for every op.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import ClassVar
 
 # Element sizes in bytes of the input dtypes the family supports. fp32 is only
@@ -162,3 +162,15 @@ def feasibility(ns: dict):
     for fn in (problem_mask, check_feasible, feasible_configs):
         fn.__module__ = ns["__name__"]
     return problem_mask, check_feasible, feasible_configs
+
+
+def uniform_params(cfg, names) -> dict:
+    """A config's numeric parameters under the uniform names ``names`` (PARAM_NAMES): its own
+    fields where it has them, 0 (n/a) elsewhere, split_k 1 without a split; all 0 for the vendor.
+    An op's ``config_params`` adjusts its variants' views on top."""
+    if isinstance(cfg, VendorConfig):
+        return {p: 0 for p in names}
+    own = {f.name for f in fields(cfg)}
+    out = {p: getattr(cfg, p) if p in own else 0 for p in names}
+    out["split_k"] = getattr(cfg, "split_k", 1)
+    return out

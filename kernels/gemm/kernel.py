@@ -33,7 +33,7 @@ from . import gemv as gemm_gemv, swapab as gemm_swapab
 # Re-exported: callers use them as gemm.<name> (launch_args, TORCH_DTYPES, ...).
 from ..common import (DTYPE_NAMES, TORCH_DTYPES, _arrival_counters, _device_index,  # noqa: F401
                      _grouped_tile, _mainloop, _splitk_last_arrival, alloc_output, check_operands,
-                     dtype_name, launch_args, num_sms, splitk_workspace, zeroed_buffer)
+                     dtype_name, launch_args, no_tf32, num_sms, splitk_workspace, zeroed_buffer)
 from .space import (DTYPE_BYTES, OUT_DTYPE, GemmConfig, GemvConfig, PersistentConfig,  # noqa: F401
                            SplitKConfig, SwapABConfig, TiledConfig, VendorConfig)
 
@@ -248,14 +248,7 @@ def launch_persistent(cfg: PersistentConfig, x, w, out, sa, sb, has_scale: bool,
 def reference(x: torch.Tensor, w: torch.Tensor, scale_a=None, scale_b=None) -> torch.Tensor:
     """fp32 reference of y = x @ w.T (times the fp8 scales), TF32 off."""
     xf, wf = x.float(), w.float()
-    if x.device.type == "cuda":
-        prev = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = False
-        try:
-            y = xf @ wf.t()
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = prev
-    else:
+    with no_tf32(x.device):
         y = xf @ wf.t()
     if x.dtype == torch.float8_e4m3fn:
         y = y * (scale_a.float() * scale_b.float())

@@ -28,7 +28,6 @@ garbage for bf16 dots).
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import _grouped_tile, num_sms
+from ..common import _grouped_tile, no_tf32, num_sms
 from .space import (MAX_GROUPS, STAGES, GgPersistentConfig, GgSplitKConfig, GgTiledConfig, Problem,
                     VendorConfig, _pad_groups)
 
@@ -390,26 +389,13 @@ def make_operands(problem: Problem, device, generator: torch.Generator) -> Opera
     return Operands(problem.stage, a, b, offs, out)
 
 
-@contextlib.contextmanager
-def _no_tf32(device):
-    if torch.device(device).type != "cuda":
-        yield
-        return
-    prev = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = prev
-
-
 def pass_reference(stage: str, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """fp32 reference of one pass, group by group (reads offs on the host: synchronises); TF32 off.
     Rows past offs[-1] (fwd, dgrad) and empty groups' dW (wgrad) are zeros."""
     ends = [int(v) for v in offs.tolist()]
     out = torch.zeros(output_shape(stage, a, b, offs), dtype=torch.float32, device=a.device)
     start = 0
-    with _no_tf32(a.device):
+    with no_tf32(a.device):
         for g, end in enumerate(ends):
             if end > start:
                 if stage == "fwd":

@@ -42,12 +42,13 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import ClassVar, Union
 
 from ..moe import routing as R
 from ..space_common import (ARCHS, PARAM_NAMES, ArchSpec, VendorConfig, check_dims, feasibility,  # noqa: F401
-                            first_violation, param_arrays, parse_config_id, rules_mask, space_hash)
+                            first_violation, param_arrays, parse_config_id, rules_mask, space_hash,
+                            uniform_params)
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 DTYPES = tuple(DTYPE_BYTES)
@@ -174,11 +175,9 @@ def config_from_id(cid: str) -> GgConfig:
 
 def config_params(cfg: GgConfig) -> dict:
     """Numeric parameters under the shared uniform names (PARAM_NAMES; 0 = n/a)."""
+    out = uniform_params(cfg, PARAM_NAMES)
     if isinstance(cfg, VendorConfig):
-        return {p: 0 for p in PARAM_NAMES}
-    names = {f.name for f in fields(cfg)}
-    out = {p: getattr(cfg, p) if p in names else 0 for p in PARAM_NAMES}
-    out["split_k"] = getattr(cfg, "split_k", 1)
+        return out
     if isinstance(cfg, GgSplitKConfig):
         out["group_m"] = 1
     return out

@@ -31,7 +31,6 @@ first use). The counter is per device: one stream at a time, as for the dense sp
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from dataclasses import dataclass
 
@@ -40,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import _grouped_tile, zeroed_buffer
+from ..common import _grouped_tile, no_tf32, zeroed_buffer
 # The block-scale quantisation is the dense block-fp8 op's (vLLM's per-token-group and 128x128 rules).
 from ..fp8_blockscale.impl import (expand_block_scales, expand_group_scales, quantize_per_token_group,
                                    quantize_weight_blocks)
@@ -1204,19 +1203,6 @@ def make_operands(problem: Problem, device: str | torch.device, generator: torch
     return Operands(problem.stage, x, w, tw, ids, out, a_scale, w_scale)
 
 
-@contextlib.contextmanager
-def _no_tf32(device):
-    if torch.device(device).type != "cuda":
-        yield
-        return
-    prev = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = prev
-
-
 def _expert_groups(topk_ids: torch.Tensor):
     """(expert, pair indices) for every expert with pairs (synchronises)."""
     flat = topk_ids.reshape(-1).long()
@@ -1254,7 +1240,7 @@ def stage_reference(stage: str, x, w, topk_weights, topk_ids, a_scale=None, w_sc
     if block:
         # Every row quantised (or dequantised) once, as the stage's launch does before its GEMM.
         x = _activations(x, w, a_scale, block=True)
-    with _no_tf32(x.device):
+    with no_tf32(x.device):
         for e, idx in _expert_groups(topk_ids):
             if block:
                 we = w[e].float() * expand_block_scales(w_scale[e].float(), n, k)

@@ -49,12 +49,13 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import ClassVar, Union
 
 
 from ..space_common import (ARCHS, PARAM_NAMES, ArchSpec, VendorConfig, check_dims, feasibility,  # noqa: F401
-                            first_violation, param_arrays, parse_config_id, rules_mask, space_hash)
+                            first_violation, param_arrays, parse_config_id, rules_mask, space_hash,
+                            uniform_params)
 from . import routing as R
 from ..fp8_blockscale.space import GROUP_K, GROUP_N
 from . import vllm_blockfp8, vllm_h100
@@ -204,11 +205,9 @@ def config_from_id(cid: str) -> MoeConfig:
 
 def config_params(cfg: MoeConfig) -> dict:
     """Numeric parameters under the dense op's uniform names (PARAM_NAMES; 0 = n/a)."""
+    out = uniform_params(cfg, PARAM_NAMES)
     if isinstance(cfg, VendorConfig):
-        return {p: 0 for p in PARAM_NAMES}
-    names = {f.name for f in fields(cfg)}
-    out = {p: getattr(cfg, p) if p in names else 0 for p in PARAM_NAMES}
-    out["split_k"] = getattr(cfg, "split_k", 1)
+        return out
     if isinstance(cfg, MoeGemvConfig):
         # One pair (or token) per program, no software pipeline: the dense GEMV's uniform view.
         out.update(block_m=1, num_stages=1)
