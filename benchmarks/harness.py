@@ -86,16 +86,22 @@ def select_candidates(problem: Problem, mode: str, seed: int, arch: str = "sm90"
         return _with_vendor_anchor([c for c in feas if c.id in ids and not isinstance(c, VendorConfig)], feas)
     if mode.startswith("sample:"):
         k = int(mode.split(":", 1)[1])
-        base = [c for c in feas if c.variant in SAMPLE_BASE_VARIANTS]
+        # A config's generation: "" for its variant's first grid, else the tag of the grid that
+        # a later change added to the variant (the op's space module's config_generation).
+        gen = getattr(registry.get(op).space_module(), "config_generation", lambda c: "")
+        base = [c for c in feas if c.variant in SAMPLE_BASE_VARIANTS and not gen(c)]
         vendor = [c for c in feas if isinstance(c, VendorConfig)]
         rng = random.Random(stable_hash(f"{problem.key}/{seed}"))
         picked = rng.sample(base, min(k, len(base)))
-        # Variants added later are sampled at the same rate on their own streams, so the
-        # base sample, and with it every committed training shard's resume, is unchanged.
+        # Variants, and grids of a variant, added later are sampled at the same rate on their own
+        # streams, so the base sample, and with it every committed training shard's resume, is
+        # unchanged.
         rate = k / max(len(base), 1)
-        for variant in sorted({c.variant for c in feas} - set(SAMPLE_BASE_VARIANTS) - {"vendor"}):
-            group = [c for c in feas if c.variant == variant]
-            rng_v = random.Random(stable_hash(f"{problem.key}/{seed}/{variant}"))
+        groups = sorted({(c.variant, gen(c)) for c in feas if not isinstance(c, VendorConfig)}
+                        - {(v, "") for v in SAMPLE_BASE_VARIANTS})
+        for variant, tag in groups:
+            group = [c for c in feas if c.variant == variant and gen(c) == tag]
+            rng_v = random.Random(stable_hash(f"{problem.key}/{seed}/{variant}" + (f"/{tag}" if tag else "")))
             picked += rng_v.sample(group, min(len(group), round(rate * len(group))))
         order = {c: i for i, c in enumerate(feas)}
         return sorted(picked, key=order.__getitem__) + vendor

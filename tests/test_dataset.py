@@ -533,3 +533,26 @@ def test_dataset_build_reads_what_bench_writes_by_default(tmp_path, monkeypatch,
     assert cli_main(["dataset", "build"]) == 0
     df = D.load_dataset(root="datasets")
     assert sorted(df["m"]) == [5, 9, 11]
+
+
+def test_build_keeps_eval_shapes_measured_before_a_later_grid(tmp_path):
+    """A grid added to a variant later (space.LATER_GRIDS_SM90) is required all or none: a shape
+    measured before it existed keeps its oracle; one holding part of it was cut short."""
+    from gemm_costmodel.kernels.gemm.space import config_from_id, config_generation
+
+    def without(rows, keep_new):
+        new = [r for r in rows if config_generation(config_from_id(r["candidate"]))]
+        assert new  # the deep tiled and persistent grids are feasible here
+        old = [r for r in rows if not config_generation(config_from_id(r["candidate"]))]
+        return old + new[:keep_new]
+
+    before = without(_eval_rows(40, 256, 1024), 0)
+    part = without(_eval_rows(48, 256, 1024), 1)
+    raw = write_jsonl(tmp_path / "eval-fp16-shard01of40.jsonl.gz", before + part)
+    D.build_parquet([raw], str(tmp_path / "ds"), log=[].append)
+    per_shape = load_dataset_eval(tmp_path)
+    assert per_shape.loc[40, "all"] and not per_shape.loc[48, "any"]
+
+
+def load_dataset_eval(tmp_path):
+    return D.load_dataset(root=str(tmp_path / "ds")).groupby("m")["eval_shape"].agg(["all", "any"])

@@ -444,8 +444,7 @@ def test_gate_and_time_times_only_what_passes_the_gate():
 @pytest.mark.parametrize("m,rows", [(2, 2), (3, 4), (4, 4)])
 @pytest.mark.parametrize("split", [1, 2])
 def test_gemv_token_rows_cover_m(m, rows, split, dtype):
-    """M = 2-4 on 2 or 4 token rows (the kernel takes 4; the space keeps 1 and 2 until the 4-row
-    configs are measured, space.PENDING_SM90): at M = 3 the fourth row re-reads row 2 and is never
+    """M = 2-4 on 2 or 4 token rows: at M = 3 the fourth row re-reads row 2 and is never
     stored (the gate's NaN poison would show a stray or missing store)."""
     cfg = GemvConfig(rows, 4, 64, split, 1, 1)
     prob, ops, ref = operands_for(m, 37, 200, dtype)

@@ -41,7 +41,7 @@ def _rows():
 
 def test_every_evaluation_shape_is_pinned():
     rows = _rows()
-    assert len(rows) == 716
+    assert len(rows) == 737
     assert {r["gpu_name"] for r in rows} == {"NVIDIA H100 80GB HBM3", "NVIDIA H200"}
 
 

@@ -154,16 +154,16 @@ def test_cli_summarize_exit_code_in_subprocess(tmp_path):
 def test_cli_configs(capsys):
     assert cli.main(["configs", "--dtype", "bf16"]) == 0
     out = capsys.readouterr().out
-    assert out == ("gemm sm90 bf16: 594 candidates (tiled 88, splitk 192, persistent 35, swapab 92, swapab_tma 92, "
-                   "gemv 94, vendor 1)\n")
-    assert "594 candidates" in out
+    assert out == ("gemm sm90 bf16: 658 candidates (tiled 92, splitk 192, persistent 38, swapab 92, swapab_tma 92, "
+                   "gemv 151, vendor 1)\n")
+    assert "658 candidates" in out
 
 
 def test_cli_configs_all_dtypes(capsys):
     assert cli.main(["configs"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [ln.split(":")[0] for ln in lines] == ["gemm sm90 bf16", "gemm sm90 fp16", "gemm sm90 fp8"]
-    assert "650 candidates" in lines[2]
+    assert "697 candidates" in lines[2]
 
 
 # ----------------------------------------------------------------------------

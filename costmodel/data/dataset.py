@@ -469,10 +469,21 @@ def demote_incomplete_eval_shapes(df: pd.DataFrame) -> tuple[pd.DataFrame, list[
         spec = registry.get(str(row["op"]))
         try:
             problem = spec.problem_of(row)
-            expected = {c.id for c in spec.feasible_configs(problem, str(row["arch"]))}
+            feasible = spec.feasible_configs(problem, str(row["arch"]))
         except (KeyError, ValueError):
             continue  # an arch or dtype without a generated space: nothing to compare with
-        if not expected <= set(present):
+        # Grids added to a variant later (the space module's config_generation) are required
+        # all or none: a shape measured before a generation existed is complete without it.
+        gen = getattr(spec.space_module(), "config_generation", lambda c: "")
+        have = set(present)
+        by_gen: dict = {}
+        for c in feasible:
+            by_gen.setdefault(gen(c), set()).add(c.id)
+        expected = set(by_gen.pop("", set()))
+        for ids in by_gen.values():
+            if ids & have:
+                expected |= ids
+        if not expected <= have:
             demoted.append((row["gpu_name"], row["dtype"], int(row["m"]), int(row["n"]), int(row["k"])))
             demoted_keys.append(tuple(str(v) for v in key))
     if demoted:
