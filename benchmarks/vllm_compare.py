@@ -100,6 +100,17 @@ def resolve_configs(src, gpu: str, moe_layers, nk_pairs, dtypes, models_dir=None
     return shipped, ours
 
 
+def layer_bound(dtype: str) -> float:
+    """Relative error a whole MoE layer may have against the fp32 reference: the per-GEMM gate's
+    bound for each of its two GEMMs. In fp8 the intermediate is quantised again, so the first GEMM's
+    rounding moves the second's inputs across quantisation steps: the H200 run of 2026-11-29 found
+    all three methods (vLLM's kernel with either file, and ours) at the same 1.00-1.11e-2 on 24 of
+    56 fp8 (layer, M), just above the one-GEMM 1e-2, and every bf16 layer below it."""
+    from gemm_costmodel.kernels.moe import impl as MI
+
+    return 2 * MI.ERROR_BOUNDS[dtype] if dtype == "fp8" else MI.ERROR_BOUNDS[dtype]
+
+
 def _tag(dtype):
     return "fp8_w8a8" if dtype == "fp8" else None
 
@@ -199,7 +210,7 @@ def run(args) -> int:
                     cfg = {k: v for k, v in cfg.items() if k != "SPLIT_K"}
                     r = measure(lambda: VK.fused_experts(mod, x, w1, w2, tw, ids, cfg, w1_scale=w1_s, w2_scale=w2_s,
                                                          a1_scale=a1_s, a2_scale=a2_s),
-                                ref, MI.ERROR_BOUNDS[dtype])
+                                ref, layer_bound(dtype))
                     emit({**base, "method": method, "config": cfg, **r})
                 picks = {}
                 for stage, (sn, sk) in {"gate_up": (2 * n, hidden), "down": (hidden, n)}.items():
@@ -207,7 +218,7 @@ def run(args) -> int:
                 cu, cd = MS.config_from_id(picks["gate_up"]), MS.config_from_id(picks["down"])
                 r = measure(lambda: MI.fused_moe(x, w1, w2, tw, ids, cu, cd, w1_scale=w1_s, w2_scale=w2_s,
                                                  a1_scale=a1_s, a2_scale=a2_s, check=False),
-                            ref, MI.ERROR_BOUNDS[dtype])
+                            ref, layer_bound(dtype))
                 emit({**base, "method": "ours", "config": picks, **r})
             del w1, w2
             if dev.type == "cuda":
