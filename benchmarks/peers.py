@@ -627,8 +627,12 @@ def main(argv=None) -> int:
         row.update(provenance=prov)
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(row) + "\n")
-        print(json.dumps({k: row.get(k) for k in ("m", "n", "k", "dispatched", "dispatched_us", "cublas_us",
-                                                   "inductor_us", "inductor_choice", "inductor_compile_s")}),
+        # The log line keeps what a lost peers.jsonl would need to explain a missing time (a call
+        # returns at most 8 files: the H200's fp8 run kept only its log, without Inductor's error).
+        print(json.dumps({k: row.get(k) for k in ("m", "n", "k", "dtype", "dispatched", "dispatched_us", "cublas_us",
+                                                   "inductor_us", "inductor_choice", "inductor_compile_s",
+                                                   "inductor_status", "dispatched_status", "cublas_status")
+                          if k in row}),
                   file=sys.stderr,
               flush=True)
     rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
