@@ -1,7 +1,9 @@
 """The MoE op's space, routings and features (torch-free) against known answers."""
 import glob
 import json
+import math
 import os
+import time
 
 import numpy as np
 import pandas as pd
@@ -180,6 +182,96 @@ def test_routings_are_deterministic_distinct_and_hand_checked():
     assert np.sort(c)[-4:].min() > 5 * np.median(c)  # 4 experts 16x as likely
     assert R.m_tiles([0, 1, 16, 17], 16) == 0 + 1 + 1 + 2
     assert R.stats([0, 2, 6]) == {"tpe_mean": 8 / 3, "tpe_max": 6, "active_experts": 2, "imbalance": 6 / (8 / 3)}
+
+
+def _gumbel_counts(routing, m, e, top_k, seed, tokens):
+    """The counts' definition, straightforwardly: the first ``tokens`` tokens' Gumbel keys in one
+    (tokens, E) array, their top_k per token, counted (topk_ids' draws and selection)."""
+    keys = np.log(R.popularity(routing, e, seed))[None, :] + R._rng(routing, m, e, top_k, seed).gumbel(size=(tokens, e))
+    return np.bincount(np.argpartition(-keys, top_k - 1, axis=1)[:, :top_k].ravel(), minlength=e)
+
+
+def _want_counts(monkeypatch, routing, m, e, top_k, seed=0):
+    """expert_counts as it was defined: exact up to EXACT_DRAWS, the scaled sample above, its draws
+    counted by _gumbel_counts (the balanced routing: topk_ids' closed form)."""
+    if routing == "balanced":
+        return np.bincount(R.topk_ids(routing, m, e, top_k).ravel(), minlength=e)
+    with monkeypatch.context() as mp:
+        mp.setattr(R, "_sampled_counts", _gumbel_counts)
+        return R.expert_counts.__wrapped__(routing, m, e, top_k, seed)
+
+
+@pytest.mark.parametrize("routing", R.ROUTINGS)
+def test_expert_counts_fast_path_equals_the_definition(monkeypatch, routing):
+    """The counts are the models' features: the fast path (routing._sampled_counts) must return the
+    reference's numbers exactly, at every M (new or not), E and top_k, on both sides of EXACT_DRAWS."""
+    cases = [(m, e, top_k) for m in (1, 7, 255, 256, 257, 4097) for e, top_k in
+             ((8, 2), (16, 1), (32, 4), (64, 6), (128, 8), (256, 8), (384, 8), (64, 1), (40, 8), (6, 6), (1, 1))]
+    # Around EXACT_DRAWS (exact up to it, the scaled sample of SAMPLE_DRAWS // E tokens above).
+    cases += [(R.EXACT_DRAWS // e + d, e, top_k) for e, top_k in ((256, 8), (64, 1)) for d in (0, 1)]
+    cases += [(2**20, 256, 8), (100_003, 48, 1), (3000, 512, 10), (9000, 32, 31)]
+    R.expert_counts.cache_clear()
+    for m, e, top_k in cases:
+        got = R.expert_counts(routing, m, e, top_k)
+        want = _want_counts(monkeypatch, routing, m, e, top_k)
+        assert got.dtype == np.int64 and np.array_equal(got, want), (routing, m, e, top_k)
+    if routing != "balanced":  # another seed; and the counts are topk_ids' below EXACT_DRAWS
+        assert np.array_equal(R.expert_counts(routing, 3001, 64, 4, seed=5), _want_counts(monkeypatch, routing, 3001, 64, 4, 5))
+        assert np.array_equal(R.expert_counts(routing, 2500, 128, 8),
+                              np.bincount(R.topk_ids(routing, 2500, 128, 8).ravel(), minlength=128))
+
+
+def test_expert_counts_fast_path_fallbacks_are_exact(monkeypatch):
+    """Each way out of the vectorised keys gives the reference's numbers: the tokens whose candidates
+    do not settle them (every row redone), near-ties (libm's keys per token), exact ties (the same
+    argpartition), and a zero uniform (the whole call drawn by the gumbel)."""
+    cases = [("zipf", 3000, 64, 6), ("hot", 2049, 256, 8), ("real2", 700, 40, 8), ("zipf", 5000, 32, 1)]
+    race = R._race
+    for routing, m, e, top_k in cases:
+        want = _gumbel_counts(routing, m, e, top_k, 0, m)
+        assert np.array_equal(R._sampled_counts(routing, m, e, top_k, 0, m), want)
+        with monkeypatch.context() as mp:
+            mp.setattr(R, "_MARGIN", np.inf)  # no token settled by the vectorised keys
+            assert np.array_equal(R._sampled_counts(routing, m, e, top_k, 0, m), want)
+        with monkeypatch.context() as mp:  # no token has candidates: every row redone
+            mp.setattr(R, "_race", lambda *a: race(*a)[:1] + (np.full(e, 5e-324), 50.0, 1.0))
+            assert np.array_equal(R._sampled_counts(routing, m, e, top_k, 0, m), want)
+        with monkeypatch.context() as mp:
+            mp.setattr(R, "_chunk_counts", lambda *a: None)  # as for a zero draw
+            assert np.array_equal(R._sampled_counts(routing, m, e, top_k, 0, m), want)
+    # Exact ties: 'hot' gives E - 4 experts one popularity; equal uniforms tie their keys, and which of
+    # the tied experts a token takes is argpartition's choice on the reference's keys.
+    logp, theta, bound, _ = R._race("hot", 64, 6, 0)
+    u = np.random.default_rng(3).random((300, 64))
+    u[:100] = u[:100, :1]  # every draw of a token the same
+    u[100:200, 10:50] = 0.3  # 40 equal draws in each token
+    # numpy's gumbel from these uniforms: 0 - 1 * log(-log(1 - u)), libm's log (math.log's)
+    keys = logp[None, :] + np.array([[0.0 - 1.0 * math.log(-math.log(1.0 - x)) for x in row] for row in u.tolist()])
+    want = np.bincount(np.argpartition(-keys, 5, axis=1)[:, :6].ravel(), minlength=64)
+    redo = []
+    got = R._chunk_counts(u, logp, theta, bound, 6, redo)
+    for rows in redo:
+        got += R._chunk_counts(rows, logp, None, -np.inf, 6, [])
+    assert np.array_equal(got, want)
+    u[150, 3] = 0.0
+    assert R._chunk_counts(u, logp, theta, bound, 6, []) is None  # a zero draw is seen
+
+
+def test_expert_counts_at_a_new_m_is_fast():
+    """A cold decision at a new M draws that M's routing counts (each M has its own stream): the fast
+    path against the reference on the same draws (about 4x on the dev CPU; 2x asked, for CI)."""
+    R._sampled_counts("zipf", 1000, 256, 8, 0, 1000)  # the routing's candidate bounds, once
+    fast, ref = [], []
+    for m in (4097, 4099, 4101):  # 1M draws each
+        t = time.perf_counter()
+        got = R._sampled_counts("zipf", m, 256, 8, 0, m)
+        fast.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        want = R._reference_counts("zipf", m, 256, 8, 0, m)
+        ref.append(time.perf_counter() - t)
+        assert np.array_equal(got, want)
+    assert min(fast) < 0.5 * min(ref), (fast, ref)
+    assert min(fast) < 0.05, fast  # about 5 ms on the 2-core dev CPU
 
 
 def test_precompile_specialises_on_padded_experts_and_top_k():

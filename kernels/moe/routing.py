@@ -20,8 +20,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 
 import numpy as np
+# numpy imports numpy.random lazily: ~10 ms at the first skewed routing's counts (a decision of a
+# server), here at import (a server's start-up: Dispatcher.warm_up loads the op's features).
+import numpy.random  # noqa: F401
 
 ROUTINGS = ("balanced", "zipf", "hot", "real0", "real1", "real2")
 # The routings of the sweeps: balanced and one skewed (issue: both, reported apart).
@@ -91,9 +95,11 @@ SAMPLE_DRAWS = 2**19
 _CHUNK_DRAWS = 2**18
 
 
-def _sampled_counts(routing: str, m: int, e: int, top_k: int, seed: int, tokens: int) -> np.ndarray:
+def _reference_counts(routing: str, m: int, e: int, top_k: int, seed: int, tokens: int) -> np.ndarray:
     """Expert counts of the first ``tokens`` tokens of topk_ids(routing, m, e, top_k, seed) (the same
-    random stream), drawn in chunks of rows so that memory stays O(E)."""
+    random stream), drawn in chunks of rows so that memory stays O(E): the definition of the counts
+    (the datasets' features were computed with it); _sampled_counts computes the same numbers faster
+    and falls back to this where it cannot."""
     logp = np.log(popularity(routing, e, seed))
     rng = _rng(routing, m, e, top_k, seed)
     counts = np.zeros(e, dtype=np.int64)
@@ -102,6 +108,162 @@ def _sampled_counts(routing: str, m: int, e: int, top_k: int, seed: int, tokens:
         keys = logp[None, :] + rng.gumbel(size=(min(rows, tokens - start), e))
         idx = np.argpartition(-keys, top_k - 1, axis=1)[:, :top_k]
         counts += np.bincount(idx.ravel(), minlength=e)
+    return counts
+
+
+# The fast path of the counts (_sampled_counts): the reference's numbers exactly, from the same
+# uniforms. numpy's gumbel is 0 - 1 * log(-log(1 - u)) of u = the stream's next double (what
+# rng.random returns), redrawn where u == 0, through libm's scalar log: ~11 ns a draw, ~20-40 with
+# the argpartition of every key, so 10-80 ms of a cold MoE or grouped-GEMM decision at a new M. Each
+# M has a stream of its own (_rng is seeded by M), so no M's draws are a prefix of another's and a
+# new M draws all M x E of them; nothing can be cached across M. Here the uniforms come from
+# rng.random (1.6 ns a draw) and a token's top_k experts (its top_k largest keys log p_j - log E_j,
+# E_j = -log(1 - u_j)) are looked for among its candidates only: the draws u_j < theta_j =
+# 1 - exp(-tau p_j), those whose key exceeds L = -log(tau), tau set for about top_k + 2 sqrt(top_k)
+# + 1 candidates a token; one sort of a chunk's candidates by (token, key) ranks them. A token's set
+# is taken where its k-th key clears both the next one and L by _MARGIN, far above the error of
+# numpy's vectorised logs (~1e-13 on these keys; they may differ from libm's in the last bit, and do
+# with AVX-512), so that the reference's keys order the same way. Otherwise the token's whole row
+# is ranked so (~1% of the tokens: too few candidates), and where even that gap is under _MARGIN (a
+# near-tie or a tie, ~1e-8 of the tokens) its keys are computed exactly as the gumbel does (math.log
+# is libm's log) and argpartitioned as the reference does. A zero draw (2**-53 a draw) hands the
+# whole call to the reference, whose gumbel redraws it.
+_MARGIN = 1e-9
+# Uniforms and candidates per chunk: the chunk's arrays stay small (numpy's temporaries above ~128 KB
+# are fresh pages from the OS each time, slow in a VM).
+_CHUNK_DRAWS_FAST = 2**17
+_CHUNK_CANDIDATES = 2**14
+# Up to this many draws, or with most draws candidates (E <= ~2 top_k + 4 sqrt(top_k) + 2), the
+# reference is as fast.
+_SMALL_DRAWS = 1024
+
+
+@functools.lru_cache(maxsize=1024)
+def _race(routing: str, e: int, top_k: int, seed: int):
+    """(logp, theta, L, per_token) of a skewed routing: logp exactly the reference's; theta (E,) the
+    candidate bounds on the uniforms (None: every draw is a candidate, when the candidates would be
+    most of a row anyway); L the key every non-candidate stays below; per_token the candidates a
+    token has on average. Read-only arrays."""
+    p = popularity(routing, e, seed)
+    logp = np.log(p)
+    logp.flags.writeable = False
+    target = top_k + 2.0 * math.sqrt(top_k) + 1.0
+    if target >= 0.5 * e:
+        return logp, None, -math.inf, float(e)
+    lo, hi = -60.0, 60.0  # bisection on log tau: sum_j theta_j(tau) rises from 0 to E
+    for _ in range(40):  # any tau is exact; tau only sets the work
+        mid = 0.5 * (lo + hi)
+        if float(-np.expm1(-math.exp(mid) * p).sum()) < target:
+            lo = mid
+        else:
+            hi = mid
+    tau = math.exp(hi)
+    theta = -np.expm1(-tau * p)
+    # Near 1 the bound's rounding would move the key bound: every draw of those experts is a candidate.
+    theta[theta > 1.0 - 1e-6] = 2.0
+    theta = np.maximum(theta, 5e-324)  # a zero draw is always a candidate (and so seen)
+    theta.flags.writeable = False
+    return logp, theta, -math.log(tau), float(np.minimum(theta, 1.0).sum())
+
+
+def _exact_row_topk(u_row, logp, top_k: int) -> np.ndarray:
+    """The reference's top_k experts of one token from its uniforms: its keys recomputed as numpy's
+    gumbel does (0 - 1 * log(-log(1 - u)), libm's log) and argpartitioned the same way."""
+    g = np.array([0.0 - 1.0 * math.log(-math.log(1.0 - x)) for x in u_row.tolist()])
+    keys = logp[None, :] + g[None, :]
+    return np.argpartition(-keys, top_k - 1, axis=1)[0, :top_k]
+
+
+def _chunk_counts(u, logp, theta, bound: float, top_k: int, redo: list):
+    """Expert counts of the tokens (rows of uniforms) ``u`` whose top_k the vectorised keys settle,
+    their candidates the draws under theta (all where None); the other tokens' rows go to ``redo``
+    (copies) where theta is given, else are settled exactly here. None where a draw is 0."""
+    r, e = u.shape
+    flat_u = u.reshape(-1)
+    if theta is None:
+        flat = None
+        uc = flat_u
+    else:
+        flat = np.flatnonzero(u < theta)
+        uc = flat_u[flat]
+    n = uc.size
+    if n and uc.min() == 0.0:
+        return None
+    counts = np.zeros(e, dtype=np.int64)
+    if not n:
+        redo.append(u.copy())
+        return counts
+    if flat is None:
+        flat = np.arange(n)
+    rows = flat // e
+    cols = flat - rows * e
+    per_row = np.bincount(rows, minlength=r)
+    # The keys by numpy's vectorised logs: within ~1e-13 of the reference's (libm's, per draw).
+    keys = np.subtract(1.0, uc)
+    np.log(keys, out=keys)
+    np.negative(keys, out=keys)
+    np.log(keys, out=keys)
+    np.subtract(logp[cols], keys, out=keys)
+    # One sort of every candidate by (token, key descending): an int64 of the token, the key
+    # quantised to key_bits (keys of one quantum are within 1 / scale; at most 52 bits, so that the
+    # float product below resolves its quanta) and the candidate's index.
+    idx_bits = (n - 1).bit_length() or 1
+    key_bits = min(52, 63 - idx_bits - ((r - 1).bit_length() or 1))
+    base = float(keys.min())
+    span = max(float(keys.max()) - base, 1.0)
+    top_q = (1 << key_bits) - 1
+    scale = top_q / span * (1.0 - 2.0**-40)  # the largest key's quantum stays <= top_q
+    q = keys - base
+    q *= scale
+    packed = q.astype(np.int64)
+    np.subtract(top_q, packed, out=packed)
+    packed <<= idx_bits
+    packed |= np.arange(n)
+    packed |= rows << (key_bits + idx_bits)
+    packed.sort()
+    packed &= (1 << idx_bits) - 1
+    starts = np.cumsum(per_row) - per_row
+    top = packed[np.minimum(starts[:, None] + np.arange(top_k + 1), n - 1)]  # (r, top_k + 1), valid to per_row
+    top_keys = keys[top]
+    # Every candidate after the k-th has a key below the k-th's + 1 / scale; non-candidates below L.
+    nxt = np.where(per_row > top_k, top_keys[:, top_k] + 2.0 / scale, -math.inf)
+    ok = top_keys[:, :top_k].min(axis=1) - np.maximum(nxt, bound) > _MARGIN
+    ok &= per_row >= top_k
+    counts += np.bincount(cols[top[ok, :top_k]].ravel(), minlength=e)
+    bad = np.flatnonzero(~ok)
+    if bad.size:
+        if theta is not None:  # too few candidates or too close: the whole rows, later
+            redo.append(u[bad])
+        else:  # a near-tie on the vectorised keys: the reference's own keys
+            for i in bad:
+                counts += np.bincount(_exact_row_topk(u[i], logp, top_k), minlength=e)
+    return counts
+
+
+def _sampled_counts(routing: str, m: int, e: int, top_k: int, seed: int, tokens: int) -> np.ndarray:
+    """_reference_counts(routing, m, e, top_k, seed, tokens): the same numbers, 2-8x faster from a
+    few thousand draws at E >~ 2 top_k (see _MARGIN), in O(E) memory."""
+    if top_k == e:  # every token takes every expert
+        return np.full(e, tokens, dtype=np.int64)
+    logp, theta, bound, per_token = _race(routing, e, top_k, seed)
+    if theta is None or tokens * e <= _SMALL_DRAWS:  # no faster here
+        return _reference_counts(routing, m, e, top_k, seed, tokens)
+    rng = _rng(routing, m, e, top_k, seed)
+    counts = np.zeros(e, dtype=np.int64)
+    rows = max(1, min(_CHUNK_DRAWS_FAST // e, int(_CHUNK_CANDIDATES / per_token)))
+    buf = np.empty(min(rows, tokens) * e)
+    redo: list = []
+    for start in range(0, tokens, rows):
+        n = min(rows, tokens - start)
+        c = _chunk_counts(rng.random(out=buf[:n * e]).reshape(n, e), logp, theta, bound, top_k, redo)
+        if c is None:
+            return _reference_counts(routing, m, e, top_k, seed, tokens)
+        counts += c
+    if redo:  # the tokens their candidates left open, every draw a candidate (no zero among them)
+        u = np.concatenate(redo)
+        rows = max(1, _CHUNK_CANDIDATES // e)
+        for start in range(0, len(u), rows):
+            counts += _chunk_counts(u[start:start + rows], logp, None, -math.inf, top_k, [])
     return counts
 
 
