@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import csv
 import random
-import shlex
 import sys
 from collections import OrderedDict
 
@@ -139,7 +138,7 @@ def campaign_lines(path: str) -> list[tuple[str, list[str]]]:
     out = []
     with open(path, encoding="utf-8") as fh:
         for line in fh:
-            parts = shlex.split(line, comments=False)
+            parts = line.split()  # the driver's `read -r name args` and unquoted $args: plain words
             if not parts or parts[0].startswith("#"):
                 continue
             out.append((parts[0], parts[1:]))

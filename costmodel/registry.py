@@ -301,6 +301,11 @@ REGISTRY: dict[str, OpSpec] = {
         # The MoE op's starting point (300 trees at eta 0.1, 1% grades, no shortlist); to be revisited
         # on the first data.
         train_defaults={"shortlist_tol": 0.0, "n_estimators": 300, "learning_rate": 0.1, "rank_step": 1.01},
+        # The MoE op's columns of the fields and routing statistics the layer shares with its stages.
+        columns={"e": ("int", "experts (1 for dense)", 1), "top_k": ("int", "experts per token (1 for dense)", 1),
+                 "routing": ("str", "routing id of an MoE problem (kernels/moe/routing.py; '' for dense)", ""),
+                 "tpe_max": ("int", "tokens of the busiest expert (MoE; 0 = n/a)", 0),
+                 "active_experts": ("int", "experts with at least one token (MoE; 0 = n/a)", 0)},
         frame_check="gemm_costmodel.kernels.vllm_moe.space:frame_check",
         features="gemm_costmodel.kernels.vllm_moe.features"),
     # vLLM's w8a8 block-fp8 linear: the fp8_blockscale op's problem and suites (docs/ops/vllm_w8a8_block.md).

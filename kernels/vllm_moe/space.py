@@ -18,8 +18,11 @@ Candidates:
   for block-scaled fp8 its pruning (BLOCK_SIZE_K and BLOCK_SIZE_N multiples of the 128x128
   block), with BLOCK_SIZE_K 256 written as the 128 vLLM's launch caps it to (the same kernel);
   plus vLLM's ``get_default_config`` picks for every M (the fallback rule's answers; the
-  block-fp8 default's 64-wide N tile is outside the pruned grid). vLLM's tuner drops a config
-  that fails to compile (Triton's OutOfResources): here the static shared-memory rule.
+  block-fp8 default's 64-wide N tile is outside the pruned grid), and for block fp8 the configs
+  of vLLM's shipped block-fp8 files (``kernels/moe/vllm_blockfp8.py``; several have that 64-wide
+  N tile). vLLM's tuner drops a config that fails to compile (Triton's OutOfResources): here the
+  static shared-memory rule (the project's: num_stages x the A and B tiles), which is stricter
+  than the compiler: one config of vLLM's H200 bf16 files (16x256x128, 8 warps, 4 stages) is left out.
 - ``vendor`` (``grouped_mm``, bf16, sm90): the layer with torch._grouped_mm for both GEMMs (the
   MoE op's vendor path), a reference point; never exported.
 
@@ -38,6 +41,7 @@ from typing import ClassVar, Union
 
 from ..moe import routing as R
 from ..moe import space as MS
+from ..moe import vllm_blockfp8
 from ..space_common import (ARCHS, PARAM_NAMES, ArchSpec, VendorConfig, check_dims, feasibility,  # noqa: F401
                             first_violation, param_arrays, parse_config_id, rules_mask, space_hash,
                             uniform_params)
@@ -212,6 +216,9 @@ def tuner_configs(dtype: str) -> list[VllmMoeConfig]:
 def _enumerate(dtype: str) -> list[VllmMoeConfig]:
     if dtype == BLOCK_DTYPE:
         out = [vllm_default(m, 1, dtype) for m in _BLOCK_DEFAULT_M]
+        # vLLM's shipped block-fp8 tunings (H100, H200), some with a 64-wide N tile off the pruned grid: so
+        # vLLM as shipped is a candidate (its BLOCK_SIZE_M 8 entries, Hopper's swapped path only, are not).
+        out += [VllmMoeConfig(*t) for t in vllm_blockfp8.FP8_BLOCK]
     else:
         out = [vllm_default(m, e, dtype) for m in _DEFAULT_M for e in (1, 64)]
     return list(dict.fromkeys(out + tuner_configs(dtype)))

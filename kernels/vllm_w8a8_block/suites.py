@@ -6,7 +6,7 @@
   order: a campaign takes the first few with ``--limit``). vLLM's kernel compiles per config for each
   class of M, N, K and ceil(K / 128) (``space.specialisation``), so the first six share one compile
   key: M a multiple of 16, N and K multiples of 16, ceil(K / 128) neither 1 nor a multiple of 16; they
-  span five families, vLLM-tuned (N, K) (DeepSeek-V3's, which Llama-3.1's 4096x7168 and Yi-1.5's
+  span six families (one problem each), vLLM-tuned (N, K) (DeepSeek-V3's, which Llama-3.1's 4096x7168 and Yi-1.5's
   4608x7168 share) and untuned ones, decode to prefill. The next two are M = 1 (a second key).
 """
 from __future__ import annotations
