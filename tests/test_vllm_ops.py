@@ -419,18 +419,48 @@ def _sweep_train_export(tmp_path, op, shapes, dtype):
     return str(models)
 
 
-def test_moe_sweep_dataset_model_and_export_rank_vllms_kernel(tmp_path, monkeypatch):
+def test_moe_sweep_run_and_export_rank_vllms_kernel(tmp_path, monkeypatch):
+    """Training rows (sampled) and two held-out families' problems in full, through `costmodel run --op
+    vllm_moe` (held-out report with vLLM's baselines, training, export), the runtime and `export-vllm`."""
+    import contextlib
+    import io
+
+    from gemm_costmodel.benchmarks.store import ResultStore
+    from gemm_costmodel.cli import main as cli_main
+    from gemm_costmodel.data import dataset as D
+    from gemm_costmodel.kernels.shapes import ProblemShape
+    from gemm_costmodel.kernels.timing import FakeTimer
     from gemm_costmodel.kernels.vllm_moe import impl
     from gemm_costmodel.learning import vllm_export as V
     from gemm_costmodel.serving.runtime import Dispatcher
 
-    from gemm_costmodel.kernels.shapes import ProblemShape
+    from conftest import PROVENANCE
 
     _stand_in(impl, monkeypatch)
-    shapes = [ProblemShape(VS.Problem(m, n, k, "bf16", e, 2, r), ("olmoe-1b-7b/x/tp1",))
-              for m, (n, k, e), r in itertools.product((1, 3, 8, 33), ((32, 64, 4), (64, 128, 8), (48, 64, 16)),
-                                                         ("balanced", "zipf"))]
-    models = _sweep_train_export(tmp_path, "vllm_moe", shapes, "bf16")
+    train = [ProblemShape(VS.Problem(m, n, k, "bf16", e, 2, r), (f"{fam}/x/tp1",))
+             for fam, (n, k, e) in (("olmoe-1b-7b", (32, 64, 4)), ("olmoe-1b-7b", (64, 128, 8)),
+                                    ("mixtral-8x7b", (48, 64, 16)))
+             for m, r in itertools.product((1, 3, 8, 33), ("balanced", "zipf"))]
+    evals = [ProblemShape(VS.Problem(16, n, 64, "bf16", e, 2), (f"{fam}/x/tp2",))
+             for fam, n, e in (("qwen3-30b-a3b", 32, 8), ("kimi-k2", 48, 16))]
+    prov = {**PROVENANCE, "gpu_name": "NVIDIA H200"}
+    raw = []
+    for name, shapes, mode in (("train", train, "sample:4"), ("eval", evals, "all")):
+        raw.append(str(tmp_path / f"{name}.jsonl"))
+        with ResultStore(raw[-1]) as store:
+            stats = H.run_sweep(shapes, store, FakeTimer(_latency), mode=mode, seed=0, device="cpu", op="vllm_moe",
+                                provenance=prov, progress=False)
+        assert set(stats.statuses) == {"ok"}, stats.statuses
+    paths = D.build_parquet(raw, out_root=str(tmp_path / "datasets"), log=lambda m: None)
+    work = tmp_path / "work"
+    so, se = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(so), contextlib.redirect_stderr(se):
+        rc = cli_main(["run", "--op", "vllm_moe", "--data", *paths, "--trees", "10", "--depth", "3", "--jobs", "1",
+                       "--schemes", "family", "--out", str(work)])
+    assert rc == 0, se.getvalue()[-2000:]
+    report = (work / "report" / "vllm_moe" / "report.md").read_text()
+    assert "| vllm_tuned | bf16 | 2 |" in report and "| vllm_default | bf16 | 2 |" in report
+    models = str(work)
     d = Dispatcher(gpu_name="NVIDIA H200", models_dir=models, op="vllm_moe")
     assert d.model_for("bf16") is not None
     assert d.select(8, 128, 2048, "bf16", e=64, top_k=8, routing="zipf").source == "model"
