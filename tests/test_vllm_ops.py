@@ -292,6 +292,23 @@ def test_find_source_takes_the_prepared_folder_in_the_current_folder(tmp_path, m
     assert source.find_source()[0].where == str(other)  # the variable wins
 
 
+@pytest.mark.parametrize("op", ["vllm_moe", "vllm_w8a8_block"])
+def test_a_gpu_sweep_without_vllms_source_stops_before_any_candidate(op, tmp_path, monkeypatch):
+    """On a GPU without a vLLM source, making a problem's operands raises (the harness stops the sweep with
+    the reason) rather than every candidate becoming a compile-error row."""
+    spec = registry.get(op)
+    impl = spec.impl_module()
+    monkeypatch.delenv(source.ENV_SRC, raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(impl, "_KERNELS", [])
+    if source.installed_package_dir() is not None:
+        pytest.skip("a vllm is installed here")
+    fields = dict(m=4, n=64, k=128, dtype=spec.dtypes[0], e=8, top_k=2, routing="balanced")
+    p = spec.problem_of({f: fields[f] for f in spec.problem_fields})
+    with pytest.raises(RuntimeError, match=source.ENV_SRC):
+        impl.make_operands(p, "cuda", torch.Generator())
+
+
 # -- the training picks and the campaign ----------------------------------------------------------------
 
 PICKS = {"vllm-moe-train-bf16-picks.csv": ("vllm_moe", "bf16", (0, 8)),
@@ -376,10 +393,14 @@ def _stand_in(impl, monkeypatch):
     """The op's kernel replaced by its reference (no vLLM here): the harness's gate passes, the rows carry
     the fake timer's latencies."""
     ref = impl.reference
+    memo = {}  # one reference per operand set: every candidate of a problem gets the same output
 
     def launch(cfg, *args):
         ops = args[0] if len(args) == 1 else impl.Operands(*args)
-        return ops.out.copy_(ref(ops))
+        key = tuple(id(t) for t in vars(ops).values())
+        if key not in memo:
+            memo[key] = (ops, ref(ops))  # the operands kept alive: their ids stay theirs
+        return ops.out.copy_(memo[key][1])
 
     monkeypatch.setattr(impl, "launch", launch)
 
@@ -419,15 +440,13 @@ def _sweep_train_export(tmp_path, op, shapes, dtype):
     return str(models)
 
 
-def test_moe_sweep_run_and_export_rank_vllms_kernel(tmp_path, monkeypatch):
-    """Training rows (sampled) and two held-out families' problems in full, through `costmodel run --op
-    vllm_moe` (held-out report with vLLM's baselines, training, export), the runtime and `export-vllm`."""
-    import contextlib
-    import io
-
+def test_moe_sweep_evaluation_model_and_export_rank_vllms_kernel(tmp_path, monkeypatch):
+    """Training rows (sampled) and two held-out families' problems in full, through the dataset, the
+    held-out evaluation with vLLM's baselines, training and export, then the runtime and `export-vllm`."""
     from gemm_costmodel.benchmarks.store import ResultStore
-    from gemm_costmodel.cli import main as cli_main
     from gemm_costmodel.data import dataset as D
+    from gemm_costmodel.learning import pipeline
+    from gemm_costmodel.learning.model import TrainConfig
     from gemm_costmodel.kernels.shapes import ProblemShape
     from gemm_costmodel.kernels.timing import FakeTimer
     from gemm_costmodel.kernels.vllm_moe import impl
@@ -452,15 +471,15 @@ def test_moe_sweep_run_and_export_rank_vllms_kernel(tmp_path, monkeypatch):
                                 provenance=prov, progress=False)
         assert set(stats.statuses) == {"ok"}, stats.statuses
     paths = D.build_parquet(raw, out_root=str(tmp_path / "datasets"), log=lambda m: None)
-    work = tmp_path / "work"
-    so, se = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(so), contextlib.redirect_stderr(se):
-        rc = cli_main(["run", "--op", "vllm_moe", "--data", *paths, "--trees", "10", "--depth", "3", "--jobs", "1",
-                       "--schemes", "family", "--out", str(work)])
-    assert rc == 0, se.getvalue()[-2000:]
-    report = (work / "report" / "vllm_moe" / "report.md").read_text()
-    assert "| vllm_tuned | bf16 | 2 |" in report and "| vllm_default | bf16 | 2 |" in report
-    models = str(work)
+    df = pipeline.load_training_frame(paths, op="vllm_moe")
+    config = TrainConfig().with_(**{**MOE.train_defaults, "n_estimators": 10, "max_depth": 3, "n_jobs": 1})
+    # The held-out evaluation (`costmodel run`'s first step): both families' problems, scored against vLLM's
+    # default and tuned picks in vLLM's kernel.
+    results, _ = pipeline.evaluate(df, config, schemes=("family",), log=lambda m: None)["family"]
+    assert {"model", "oracle", "vllm_default", "vllm_tuned"} <= set(results["method"])
+    assert results.groupby("method")["shape"].nunique()["model"] == 2
+    models = str(tmp_path / "models")
+    pipeline.export_model(pipeline.train(df, config, log=lambda m: None), df, models, arch="sm90", log=lambda m: None)
     d = Dispatcher(gpu_name="NVIDIA H200", models_dir=models, op="vllm_moe")
     assert d.model_for("bf16") is not None
     assert d.select(8, 128, 2048, "bf16", e=64, top_k=8, routing="zipf").source == "model"

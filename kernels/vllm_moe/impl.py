@@ -51,6 +51,14 @@ def unavailable() -> str:
     return "" if src is not None else why
 
 
+def _require_source(device) -> None:
+    """On a GPU, no vLLM source is an error before any candidate runs: the harness then stops the sweep
+    with the reason, instead of recording every candidate as a compile error."""
+    why = unavailable() if torch.device(device).type == "cuda" else ""
+    if why:
+        raise RuntimeError(f"vllm_moe: {why}")
+
+
 def kernels():
     """vLLM's kernels module, compiled from the source ``find_source`` names on first use and kept for
     the process (a launch must not open the wheel again)."""
@@ -113,6 +121,7 @@ def make_operands(problem: Problem, device, generator: torch.Generator, storage:
     routing, topk_weights positive and normalised per token. fp8's static activation scales are
     the amax / 448 of x and of the reference intermediate. ``storage`` (fp8bs only): fp16/fp32
     stand-ins for the CPU interpreter, same scales."""
+    _require_source(device)
     m, n, k, e, top_k, dtype = problem.m, problem.n, problem.k, problem.e, problem.top_k, problem.dtype
     ids = torch.from_numpy(np.ascontiguousarray(R.topk_ids(problem.routing, m, e, top_k))).to(device)
     tw = torch.rand((m, top_k), generator=generator, device=device) + 0.25

@@ -252,13 +252,18 @@ def static_feasible(cfg: VllmMoeCandidate, arch: ArchSpec, dtype: str) -> tuple[
 def generate_configs(arch: str = "sm90", dtype: str = "bf16", include_vendor: bool = True) -> list[VllmMoeCandidate]:
     """All statically feasible candidates for (arch, dtype), in a stable order (vLLM's defaults first,
     then its tuner's grid, the vendor last when ``include_vendor``)."""
+    return list(_generate(arch, dtype, include_vendor))
+
+
+@functools.lru_cache(maxsize=None)
+def _generate(arch: str, dtype: str, include_vendor: bool) -> tuple:
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; known: {sorted(ARCHS)}")
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"unknown dtype {dtype!r}; known: {sorted(DTYPE_BYTES)}")
     spec = ARCHS[arch]
     out = _enumerate(dtype) + ([VENDOR] if include_vendor and spec.name == "sm90" else [])
-    return [c for c in out if static_feasible(c, spec, dtype)[0]]
+    return tuple(c for c in out if static_feasible(c, spec, dtype)[0])
 
 
 # torch._grouped_mm needs 16-byte rows of both GEMMs' operands: hidden (gate_up's K) and N (down's K)
@@ -286,7 +291,21 @@ PROBLEM_RULES = (
      lambda p, c: f"torch._grouped_mm needs the hidden size K and N divisible by {VENDOR_ALIGN} (16-byte rows)"),
 )
 
-problem_mask, check_feasible, feasible_configs = feasibility(globals())
+problem_mask, check_feasible, _feasible_one_by_one = feasibility(globals())
+
+
+@functools.lru_cache(maxsize=None)
+def _arrays(arch: str, dtype: str, include_vendor: bool):
+    return ConfigArrays(_generate(arch, dtype, include_vendor))
+
+
+def feasible_configs(problem, arch: str = "sm90", include_vendor: bool = True) -> list:
+    """Candidates that can run ``problem`` on ``arch``: the space's rule list over the whole (cached)
+    space at once (``problem_mask``; the same as ``check_feasible`` config by config, which the
+    generic version calls ~1,500 times per problem: the harness asks for every problem of a suite)."""
+    cfgs = _generate(arch, problem.dtype, include_vendor)
+    mask = problem_mask(_arrays(arch, problem.dtype, include_vendor), problem)
+    return [c for c, ok in zip(cfgs, mask) if ok]
 
 
 # -- the fallback rule -----------------------------------------------------------------------

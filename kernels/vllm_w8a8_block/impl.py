@@ -63,7 +63,11 @@ class Operands(BI.Operands):
 
 
 def make_operands(problem: Problem, device, generator: torch.Generator) -> Operands:
-    """Fresh random inputs quantised as vLLM does (the fp8_blockscale op's ``make_operands``)."""
+    """Fresh random inputs quantised as vLLM does (the fp8_blockscale op's ``make_operands``). On a GPU,
+    no vLLM source is an error here, before any candidate runs (the harness stops the sweep with it)."""
+    why = unavailable() if torch.device(device).type == "cuda" else ""
+    if why:
+        raise RuntimeError(f"vllm_w8a8_block: {why}")
     o = BI.make_operands(problem, device, generator)
     return Operands(o.a, o.b, o.as_, o.bs, o.out)
 

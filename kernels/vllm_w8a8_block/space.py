@@ -19,6 +19,7 @@ dtypes: "fp8"; fp16/fp32 operands (same scale layout) only for the Triton CPU in
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import re
@@ -143,13 +144,18 @@ def static_feasible(cfg: VllmBlockCandidate, arch: ArchSpec, dtype: str) -> tupl
 def generate_configs(arch: str = "sm90", dtype: str = "fp8", include_vendor: bool = True) -> list[VllmBlockCandidate]:
     """All statically feasible candidates for (arch, dtype), in a stable order (vLLM's default first,
     then its tuner's order, the vendor last when ``include_vendor``)."""
+    return list(_generate(arch, dtype, include_vendor))
+
+
+@functools.lru_cache(maxsize=None)
+def _generate(arch: str, dtype: str, include_vendor: bool) -> tuple:
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; known: {sorted(ARCHS)}")
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"unknown dtype {dtype!r}; known: {sorted(DTYPE_BYTES)}")
     spec = ARCHS[arch]
     out = _enumerate() + ([VENDOR] if include_vendor and spec.name == "sm90" else [])
-    return [c for c in out if static_feasible(c, spec, dtype)[0]]
+    return tuple(c for c in out if static_feasible(c, spec, dtype)[0])
 
 
 class ConfigArrays:
@@ -176,7 +182,21 @@ PROBLEM_RULES = (
                   f"{BS.VENDOR_N_MULTIPLE}"),
 )
 
-problem_mask, check_feasible, feasible_configs = feasibility(globals())
+problem_mask, check_feasible, _feasible_one_by_one = feasibility(globals())
+
+
+@functools.lru_cache(maxsize=None)
+def _arrays(arch: str, dtype: str, include_vendor: bool):
+    return ConfigArrays(_generate(arch, dtype, include_vendor))
+
+
+def feasible_configs(problem, arch: str = "sm90", include_vendor: bool = True) -> list:
+    """Candidates that can run ``problem`` on ``arch``: the space's rule list over the whole (cached)
+    space at once (``problem_mask``; the same as ``check_feasible`` config by config, which the
+    generic version calls ~1,500 times per problem: the harness asks for every problem of a suite)."""
+    cfgs = _generate(arch, problem.dtype, include_vendor)
+    mask = problem_mask(_arrays(arch, problem.dtype, include_vendor), problem)
+    return [c for c, ok in zip(cfgs, mask) if ok]
 
 
 def choose(m: int, n: int, k: int, sm_count: int, candidates: list[dict]) -> int:
