@@ -11,8 +11,9 @@ of its key's pool plus vLLM's default for it (the fallback rule's pick: the base
 problem), so a sweep compiles about keys x (pool + defaults) kernels, however many problems it
 measures. A key with few problems gets a smaller pool (each pooled config measured on about REUSE
 problems, at least 2 x per_problem configs): a pool larger than its draws buys diversity at the
-price of one compile per measurement again. The result is a CSV for ``costmodel bench --mode pick:CSV`` (columns key, candidate); the
-problems of the op's evaluation suites are left out (they are measured in full).
+price of one compile per measurement again. The result is a CSV for ``costmodel bench --mode
+pick:CSV`` (columns key, candidate); the problems of the op's evaluation suites are left out (they
+are measured in full).
 
     python -m gemm_costmodel.benchmarks.vllm_picks picks --op vllm_moe --dtype bf16 --shard 0/8 \\
         --out benchmarks/campaigns/vllm-moe-train-bf16-picks.csv

@@ -27,9 +27,7 @@ from gemm_costmodel.kernels.moe import suites as MOESU
 from gemm_costmodel.kernels.moe import vllm_blockfp8
 from gemm_costmodel.kernels.vllm import source, tables
 from gemm_costmodel.kernels.vllm_moe import space as VS
-from gemm_costmodel.kernels.vllm_moe import suites as VSU
 from gemm_costmodel.kernels.vllm_w8a8_block import space as BS
-from gemm_costmodel.kernels.vllm_w8a8_block import suites as BSU
 
 ROOT = Path(__file__).resolve().parents[1]
 CAMPAIGN = ROOT / "benchmarks" / "campaigns" / "vllm-kernels-h200.txt"

@@ -308,7 +308,8 @@ def summary_line(path: str, table) -> str:
     if rw.get("kernel") == KERNEL_VLLM:
         line += f"; ranked for vLLM's own kernel ({rw['op']} model {rw.get('model')})"
     elif rw:
-        line += f"; ranked for the project's kernel ({rw['op']}; {rw.get('vllm_kernel_model') or 'no vLLM-kernel model'})"
+        why = rw.get("vllm_kernel_model") or "no vLLM-kernel model"
+        line += f"; ranked for the project's kernel ({rw['op']}; {why})"
     if isinstance(table, MoeVllmTable):
         line += (f"; one config per M for both GEMMs (gate_up {2 * table.n}x{table.hidden}, down "
                  f"{table.hidden}x{table.n}; hidden {table.hidden}, top_k {table.top_k}, routing {MOE_ROUTING})")
