@@ -276,6 +276,56 @@ REGISTRY: dict[str, OpSpec] = {
         baselines="gemm_costmodel.kernels.grouped_gemm.baselines:picks",
         torch_op="gemm_costmodel.kernels.grouped_gemm.torch_op",
         features="gemm_costmodel.kernels.grouped_gemm.features"),
+    # vLLM's own Triton kernels (compiled from a vLLM source, never committed; kernels/moe/vllm_kernels.py
+    # launches them as vLLM 0.33.0 does) with vLLM's tuner spaces, so their models rank vLLM's configs
+    # for vLLM's kernel (`costmodel export-vllm`): docs/decisions/069-vllm-kernels-as-ops-of-their-own.md.
+    # The fused-MoE layer: ONE config for both GEMMs (vLLM's tuned files key a layer by M only); n is
+    # vLLM's N (the per-shard intermediate size), k the hidden size (docs/ops/vllm_moe.md).
+    "vllm_moe": OpSpec(
+        name="vllm_moe", dtypes=("bf16", "fp8", "fp8bs"),
+        space="gemm_costmodel.kernels.vllm_moe.space", impl="gemm_costmodel.kernels.vllm_moe.impl",
+        problem_fields=("m", "n", "k", "dtype", "e", "top_k", "routing"), vendor_ids=("grouped_mm",),
+        default_config="vmoe_m16n64k128_g1_w4s4", fallback="gemm_costmodel.kernels.vllm_moe.space:choose",
+        split_key=("e", "n", "k"),
+        suites={"train": "gemm_costmodel.kernels.vllm_moe.suites:training_suite",
+                "eval": "gemm_costmodel.kernels.vllm_moe.suites:eval_suite",
+                "eval_core": "gemm_costmodel.kernels.vllm_moe.suites:eval_core_suite",
+                "vllm": "gemm_costmodel.kernels.vllm_moe.suites:vllm_suite",
+                "gate": "gemm_costmodel.kernels.vllm_moe.suites:gate_suite"},
+        extra_features=("log2_tpe_mean", "log2_tpe_max", "active_fraction", "imbalance", "per_pair", "swap_ab_rule",
+                        "tiles_real", "pad_real", "log2_programs_up", "waves_up", "wave_efficiency_up",
+                        "log2_t_traffic_up_us", "log2_t_waves_up_us", "k_iters_up", "log2_programs_down",
+                        "waves_down", "wave_efficiency_down", "log2_t_traffic_down_us", "log2_t_waves_down_us",
+                        "k_iters_down", "log2_grid_programs", "log2_t_weights_us"),
+        baselines="gemm_costmodel.kernels.vllm_moe.baselines:picks",
+        # The MoE op's starting point (300 trees at eta 0.1, 1% grades, no shortlist); to be revisited
+        # on the first data.
+        train_defaults={"shortlist_tol": 0.0, "n_estimators": 300, "learning_rate": 0.1, "rank_step": 1.01},
+        # The MoE op's columns of the fields and routing statistics the layer shares with its stages.
+        columns={"e": ("int", "experts (1 for dense)", 1), "top_k": ("int", "experts per token (1 for dense)", 1),
+                 "routing": ("str", "routing id of an MoE problem (kernels/moe/routing.py; '' for dense)", ""),
+                 "tpe_max": ("int", "tokens of the busiest expert (MoE; 0 = n/a)", 0),
+                 "active_experts": ("int", "experts with at least one token (MoE; 0 = n/a)", 0)},
+        frame_check="gemm_costmodel.kernels.vllm_moe.space:frame_check",
+        features="gemm_costmodel.kernels.vllm_moe.features"),
+    # vLLM's w8a8 block-fp8 linear: the fp8_blockscale op's problem and suites (docs/ops/vllm_w8a8_block.md).
+    "vllm_w8a8_block": OpSpec(
+        name="vllm_w8a8_block", dtypes=("fp8",),
+        space="gemm_costmodel.kernels.vllm_w8a8_block.space", impl="gemm_costmodel.kernels.vllm_w8a8_block.impl",
+        problem_fields=("m", "n", "k", "dtype"), fixed={"e": 1, "top_k": 1}, vendor_ids=("cublas",),
+        default_config="vbs_m64n128k128_g32_w4s2", fallback="gemm_costmodel.kernels.vllm_w8a8_block.space:choose",
+        split_key=("n", "k"),
+        suites={"train": "gemm_costmodel.kernels.vllm_w8a8_block.suites:training_suite",
+                "eval": "gemm_costmodel.kernels.vllm_w8a8_block.suites:eval_suite",
+                "eval_core": "gemm_costmodel.kernels.vllm_w8a8_block.suites:eval_core_suite",
+                "gate": "gemm_costmodel.kernels.vllm_w8a8_block.suites:gate_suite"},
+        baselines="gemm_costmodel.kernels.vllm_w8a8_block.baselines:picks",
+        # The fp8_blockscale op's starting point without its GEMV-specific M = 1 trees.
+        train_defaults={"shortlist_tol": 0.0, "n_estimators": 300, "max_depth": 8, "learning_rate": 0.1,
+                        "rank_step": 1.01},
+        # The fp8_blockscale op's own features (powers of two of N and K) serve the same problem.
+        extra_features=("log2_n_pow2", "log2_k_pow2"),
+        features="gemm_costmodel.kernels.fp8_blockscale.features"),
     # AMD's CK a8w8 block-scale GEMM (AITER's gemm_a8w8_blockscale): a classifier over named CK kernels
     # learned from AITER's published tuning tables; nothing is timed or launched here
     # (docs/ops/ck_a8w8_blockscale.md). dtypes: fp8 operands, bf16/fp16 output: one decision for all

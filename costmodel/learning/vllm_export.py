@@ -10,12 +10,18 @@ BLOCK_SIZE_K, GROUP_SIZE_M, num_warps, num_stages}); an M missing from the file 
 nearest key. This module writes such files for any (N, K), so that vLLM runs tuned configs
 for shapes its own tables do not cover.
 
-vLLM's kernel is this project's tiled variant only (BsTiledConfig: the same six keys), so per
-M the file holds the best-ranked tiled config of the dispatcher's ranking; when the ranking
-has none (the fallback rule without a model returns one choice, e.g. split-K for decode),
-vLLM's default config. Where each entry came from is printed, and recorded in a sidecar
-(``SIDECAR``) beside the files: vLLM's loader reads only the six keys, so the files hold
-nothing else.
+Which ranking: where a model of vLLM's own kernel is shipped for the GPU's arch and the dtype
+(op ``vllm_w8a8_block``; ``vllm_moe`` for the fused-MoE files: vLLM's configs timed in vLLM's
+kernel, docs/decisions/069-vllm-kernels-as-ops-of-their-own.md), the export ranks with it;
+otherwise with the exported op's own dispatcher, whose model ranks the project's kernel (the
+export's behaviour before the vLLM-kernel ops). The sidecar's ``ranked_with`` says which, and
+why the vLLM-kernel model was not used.
+
+vLLM's kernel takes the tiled configs only (the same six keys), so per M the file holds the
+best-ranked tiled config of the dispatcher's ranking; when the ranking has none (the fallback
+rule without a model returns one choice, e.g. split-K for decode), vLLM's default config. Where
+each entry came from is printed, and recorded in a sidecar (``SIDECAR``) beside the files:
+vLLM's loader reads only the six keys, so the files hold nothing else.
 
 Torch-free: only the dispatcher (numpy, onnxruntime) and the op's space are imported.
 """
@@ -24,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 from dataclasses import dataclass, field
 
 from gemm_costmodel import registry
@@ -57,6 +64,47 @@ SIDECAR = "costmodel-export-vllm.provenance.json"
 SIDECAR_FORMAT = "gemm_costmodel.vllm_export/1"
 
 DEFAULT_GPU = "NVIDIA H100 80GB HBM3"
+
+# The op whose model ranks vLLM's own kernel, per exported op (the registry's vLLM-kernel ops).
+VLLM_KERNEL_OPS = {"fp8_blockscale": "vllm_w8a8_block", "moe": "vllm_moe"}
+KERNEL_VLLM, KERNEL_PROJECT = "vllm", "project"
+
+
+def vllm_kernel_dispatcher(op: str, gpu_name: str, models_dir: str | None, dtype: str):
+    """(a Dispatcher of op's vLLM-kernel op whose model serves dtype on this GPU, '') or (None, why
+    not): the export ranks with it when there is one."""
+    from gemm_costmodel.serving.runtime import Dispatcher
+
+    name = VLLM_KERNEL_OPS.get(op)
+    if name is None or name not in registry.REGISTRY:
+        return None, f"no vLLM-kernel op for {op}"
+    if dtype not in registry.get(name).dtypes:
+        return None, f"{name} has no dtype {dtype}"
+    with warnings.catch_warnings():  # its absence is the usual case, said in the sidecar, not warned
+        warnings.simplefilter("ignore")
+        d = Dispatcher(gpu_name=gpu_name, models_dir=models_dir, op=name)
+        if d.space_arch is None:
+            return None, f"{name} has no candidate space for {gpu_name!r}"
+        model = d.model_for(dtype)
+    if model is None:
+        return None, f"no {name} model: {d.fallback_reasons.get(dtype) or 'none found'}"[:400]
+    return d, ""
+
+
+def ranked_with(d, dtype: str, why_not: str = "") -> dict:
+    """The sidecar's account of the ranking: the dispatcher's op, whose kernel its model ranks
+    (vLLM's own, or the project's), the model file, and why the vLLM-kernel model was not used."""
+    op = getattr(d, "op", None)
+    out = {"op": op, "kernel": KERNEL_VLLM if op in VLLM_KERNEL_OPS.values() else KERNEL_PROJECT,
+           **_model_identity(d, dtype)}
+    if why_not:
+        out["vllm_kernel_model"] = why_not
+    return out
+
+
+def _op_space(d):
+    """The space of the dispatcher's op (fp8_blockscale for a dispatcher that names none)."""
+    return registry.get(getattr(d, "op", None) or "fp8_blockscale").space_module()
 
 
 def device_name(gpu_name: str, kind: str = KIND_BLOCK_FP8) -> str:
@@ -116,6 +164,8 @@ class VllmTable:
     picks: dict[int, tuple[str, str]] = field(default_factory=dict)
     # M keys whose entry came from the ranking at another M (ranking_m): {M: the M ranked}.
     ranked_at: dict[int, int] = field(default_factory=dict)
+    # What ranked (``ranked_with``), recorded in the sidecar.
+    ranked_with: dict = field(default_factory=dict)
 
     @property
     def file_name(self) -> str:
@@ -156,9 +206,9 @@ def ranking_m(d, m: int) -> int:
     model = model_for(DISPATCH_DTYPE) if model_for is not None and d.space_arch is not None else None
     split = int(((model.manifest.get("hyperparameters") or {}).get("split_m", 0) or 0)) if model is not None else 0
     if 0 < m <= split:
-        S = _space()
+        S = _op_space(d)
         smallest = min((c.block_m for c in S.generate_configs(d.space_arch, DISPATCH_DTYPE, include_vendor=False)
-                        if isinstance(c, S.BsTiledConfig)), default=0)
+                        if c.variant == "tiled"), default=0)
         if split + 1 <= smallest:
             return split + 1
     return m
@@ -167,8 +217,9 @@ def ranking_m(d, m: int) -> int:
 def pick(d, m: int, n: int, k: int, count: int | None = None, at: int | None = None):
     """(tiled config, source) for vLLM at (M, N, K): the best-ranked tiled config of the
     dispatcher's ranking at M = ``at`` (default ``ranking_m``) that is feasible at M, else vLLM's
-    default with source 'default'."""
-    S = _space()
+    default with source 'default'. The configs are those of the dispatcher's op (fp8_blockscale's
+    tiled ones, or vllm_w8a8_block's: vLLM's kernel's)."""
+    S = _op_space(d)
     problem = S.Problem(m, n, k, DISPATCH_DTYPE)
     at = ranking_m(d, m) if at is None else at
     for choice in d.rank(at, n, k, DISPATCH_DTYPE, count=count or _candidate_count(d)):
@@ -176,14 +227,14 @@ def pick(d, m: int, n: int, k: int, count: int | None = None, at: int | None = N
             cfg = S.config_from_id(choice.candidate)
         except ValueError:  # not a config of this space (e.g. another op's id): never exported
             continue
-        if isinstance(cfg, S.BsTiledConfig) and S.check_feasible(cfg, problem, d.space_arch)[0]:
+        if cfg.variant == "tiled" and S.check_feasible(cfg, problem, d.space_arch)[0]:
             return cfg, _SOURCES.get(choice.source, choice.source)
     return S.vllm_default(), SOURCE_DEFAULT
 
 
 def build_table(d, n: int, k: int, ms=VLLM_M_GRID) -> VllmTable:
     """The vLLM table of (N, K) on d's GPU over the M grid ``ms`` (keys in ascending order)."""
-    S = _space()
+    S = _op_space(d)
     count = _candidate_count(d)
     table = VllmTable(n, k, d.gpu_name)
     for m in sorted(int(v) for v in ms):
@@ -236,8 +287,8 @@ def write_sidecar(tables: list, d, out_dir: str) -> str:
             files[t.file_name] = t.record(d)
             continue
         ident = ident if ident is not None else _model_identity(d)
-        files[t.file_name] = {"op": d.op, "gpu_name": t.gpu_name, "n": t.n, "k": t.k, **ident,
-                              "counts": t.counts(),
+        files[t.file_name] = {"op": "fp8_blockscale", "gpu_name": t.gpu_name, "n": t.n, "k": t.k, **ident,
+                              **({"ranked_with": t.ranked_with} if t.ranked_with else {}), "counts": t.counts(),
                               "m": {str(m): {"candidate": cid, "source": src,
                                              **({"ranked_at_m": t.ranked_at[m]} if m in t.ranked_at else {})}
                                     for m, (cid, src) in t.picks.items()}}
@@ -253,6 +304,12 @@ def summary_line(path: str, table) -> str:
     c = table.counts()
     line = (f"{path}: {len(table.entries)} M keys: {c[SOURCE_MODEL]} from the model, {c[SOURCE_RULE]} from the "
             f"fallback rule, {c[SOURCE_DEFAULT]} vLLM's default (no tiled config ranked)")
+    rw = getattr(table, "ranked_with", None) or {}
+    if rw.get("kernel") == KERNEL_VLLM:
+        line += f"; ranked for vLLM's own kernel ({rw['op']} model {rw.get('model')})"
+    elif rw:
+        why = rw.get("vllm_kernel_model") or "no vLLM-kernel model"
+        line += f"; ranked for the project's kernel ({rw['op']}; {why})"
     if isinstance(table, MoeVllmTable):
         line += (f"; one config per M for both GEMMs (gate_up {2 * table.n}x{table.hidden}, down "
                  f"{table.hidden}x{table.n}; hidden {table.hidden}, top_k {table.top_k}, routing {MOE_ROUTING})")
@@ -280,12 +337,15 @@ def export(nk_pairs, out_dir: str, gpu_name: str = DEFAULT_GPU, models_dir: str 
     pairs = list(dict.fromkeys((int(n), int(k)) for n, k in nk_pairs))
     if not pairs:
         raise ValueError("give at least one --nk N,K")
-    d = Dispatcher(gpu_name=gpu_name, models_dir=models_dir, op=op)
+    dv, why_not = vllm_kernel_dispatcher(op, gpu_name, models_dir, DISPATCH_DTYPE)
+    d = dv or Dispatcher(gpu_name=gpu_name, models_dir=models_dir, op=op)
     if d.space_arch is None:
         archs = ", ".join(sorted(registry.get(op).space_module().ARCHS))
         raise ValueError(f"GPU {gpu_name!r} ({d.arch or 'arch unknown'}) has no {op} candidate space (spaces exist "
                          f"for {archs}): every entry would be vLLM's default")
     tables = [build_table(d, n, k, ms) for n, k in pairs]
+    for t in tables:
+        t.ranked_with = ranked_with(d, DISPATCH_DTYPE, why_not)
     out = [(write_table(t, out_dir), t) for t in tables]
     write_sidecar(tables, d, out_dir)
     return out
@@ -315,6 +375,8 @@ MOE_ROUTING = "balanced"
 MOE_FILE_NAME_RE = re.compile(VLLM_MOE_FILE_NAME)
 # How the pick of an M was combined over the two stages.
 COMBINE_LATENCY, COMBINE_RANK, COMBINE_NONE = "latency", "rank", "none"
+# A vllm_moe model ranks the layer itself (one problem per layer, vLLM's kernel): no stages to combine.
+COMBINE_LAYER = "layer"
 
 _MOE_SPEC_RE = re.compile(r"^\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*$")
 
@@ -387,6 +449,7 @@ class MoeVllmTable:
     entries: dict[str, dict] = field(default_factory=dict)
     picks: dict[int, tuple[str, str]] = field(default_factory=dict)
     details: dict[int, dict] = field(default_factory=dict)
+    ranked_with: dict = field(default_factory=dict)
 
     @property
     def e(self) -> int:
@@ -420,10 +483,12 @@ class MoeVllmTable:
                 "hidden": self.hidden, "top_k": self.top_k, "routing": MOE_ROUTING,
                 "note": ("vLLM's file name holds E and N only: these configs were chosen for hidden size "
                          f"{self.hidden} and top_k {self.top_k} (given by the user), balanced routing, one config "
-                         "per M for both GEMMs (per M, 'combine': 'latency' = least predicted gate_up + down "
-                         "time, 'rank' = least sum of the two ranking positions, 'none' = vLLM's default); vLLM "
-                         "applies the file to any layer with this E and N"),
-                **_model_identity(d, self.dtype), "counts": self.counts(),
+                         "per M for both GEMMs (per M, 'combine': 'layer' = the vLLM-kernel model's ranking of the "
+                         "layer, 'latency' = least predicted gate_up + down time, 'rank' = least sum of the two "
+                         "ranking positions, 'none' = vLLM's default); vLLM applies the file to any layer with "
+                         "this E and N"),
+                **_model_identity(d, self.dtype), **({"ranked_with": self.ranked_with} if self.ranked_with else {}),
+                "counts": self.counts(),
                 "m": {str(m): {"candidate": cid, "source": src, **self.details.get(m, {})}
                       for m, (cid, src) in self.picks.items()}}
 
@@ -448,14 +513,40 @@ def _moe_rank(d, m: int, n: int, k: int, dtype: str, e: int, top_k: int, stage: 
 def _moe_candidate_count(d, dtype: str) -> int:
     if d.space_arch is None:
         return 1
-    return max(len(_moe_space().generate_configs(d.space_arch, dtype)), 1)
+    return max(len(_moe_op_space(d).generate_configs(d.space_arch, dtype)), 1)
+
+
+def _moe_op_space(d):
+    """The space of the dispatcher's op (moe for a dispatcher that names none)."""
+    return registry.get(getattr(d, "op", None) or "moe").space_module()
+
+
+def vllm_moe_pick(d, m: int, spec: MoeSpec, dtype: str = "bf16", count: int | None = None):
+    """(config, source, detail) from a vllm_moe dispatcher: its ranking of the layer (M tokens, vLLM's N,
+    hidden K, E, top_k, balanced routing) in vLLM's kernel, the best-ranked vLLM config; vLLM's default
+    (source 'default') when it ranks none. detail: {"combine": "layer", "predicted_us": {"layer": ..} or None}."""
+    S = _moe_op_space(d)
+    count = count or _moe_candidate_count(d, dtype)
+    problem = S.Problem(m, spec.n, spec.hidden, dtype, spec.e, spec.top_k, MOE_ROUTING)
+    for choice in d.rank(m, spec.n, spec.hidden, dtype, count=count, e=spec.e, top_k=spec.top_k, routing=MOE_ROUTING):
+        try:
+            cfg = S.config_from_id(choice.candidate)
+        except ValueError:
+            continue
+        if cfg.variant == "tiled" and S.check_feasible(cfg, problem, d.space_arch or "sm90")[0]:
+            pred = None if choice.predicted_us is None else {"layer": float(choice.predicted_us)}
+            return cfg, _SOURCES.get(choice.source, choice.source), {"combine": COMBINE_LAYER, "predicted_us": pred}
+    return S.vllm_default(m, spec.e, dtype), SOURCE_DEFAULT, {"combine": COMBINE_NONE, "predicted_us": None}
 
 
 def moe_pick(d, m: int, spec: MoeSpec, dtype: str = "bf16", count: int | None = None):
     """(tiled config, source, detail) for vLLM at M tokens on the layer ``spec``: the tiled config
     (feasible for both stages) minimising the predicted gate_up + down time; without latencies on
     both rankings, the least sum of ranking positions; else vLLM's default (source 'default').
-    detail: {"combine": latency|rank|none, "predicted_us": {"gate_up": .., "down": ..} or None}."""
+    detail: {"combine": latency|rank|none, "predicted_us": {"gate_up": .., "down": ..} or None}.
+    A vllm_moe dispatcher ranks the layer itself (``vllm_moe_pick``)."""
+    if getattr(d, "op", None) in ("vllm_moe",):
+        return vllm_moe_pick(d, m, spec, dtype, count)
     S = _moe_space()
     count = count or _moe_candidate_count(d, dtype)
     stages = {"gate_up": (2 * spec.n, spec.hidden), "down": (spec.hidden, spec.n)}
@@ -494,7 +585,7 @@ def moe_pick(d, m: int, spec: MoeSpec, dtype: str = "bf16", count: int | None = 
 
 def build_moe_table(d, spec: MoeSpec, dtype: str = "bf16", ms=VLLM_M_GRID) -> MoeVllmTable:
     """The vLLM fused-MoE table of ``spec`` on d's GPU over the M grid ``ms`` (keys ascending)."""
-    S = _moe_space()
+    S = _moe_op_space(d)
     count = _moe_candidate_count(d, dtype)
     table = MoeVllmTable(spec, dtype, d.gpu_name)
     for m in sorted(int(v) for v in ms):
@@ -508,8 +599,9 @@ def build_moe_table(d, spec: MoeSpec, dtype: str = "bf16", ms=VLLM_M_GRID) -> Mo
 def export_moe(specs, out_dir: str, gpu_name: str = DEFAULT_GPU, models_dir: str | None = None,
                dtype: str = "bf16", ms=VLLM_M_GRID, dispatcher=None) -> list[tuple[str, MoeVllmTable]]:
     """Write one vLLM fused-MoE file per layer spec (MoeSpec or (E, N, K, top_k)) into out_dir, and
-    the sidecar; returns [(path, table)]. ``dispatcher``: rank with this one instead of
-    ``Dispatcher(gpu_name, models_dir, op="moe")``.
+    the sidecar; returns [(path, table)]. ``dispatcher``: rank with this one instead of the vllm_moe
+    dispatcher (where its model serves the dtype on the GPU) or ``Dispatcher(gpu_name, models_dir,
+    op="moe")``.
 
     ValueError: a dtype vLLM has no fused-MoE files for, a models_dir that is not a folder, no
     spec, two specs for one file (same E, N: vLLM's name has no hidden size or top_k), or a GPU
@@ -528,16 +620,20 @@ def export_moe(specs, out_dir: str, gpu_name: str = DEFAULT_GPU, models_dir: str
         if other != s:
             raise ValueError(f"two layers for one vLLM file E={s.e},N={s.n} (hidden/top_k {other.hidden}/{other.top_k} "
                              f"and {s.hidden}/{s.top_k}): vLLM's file name holds E and N only")
+    why_not = ""
     if dispatcher is None:
         from gemm_costmodel.serving.runtime import Dispatcher
 
-        dispatcher = Dispatcher(gpu_name=gpu_name, models_dir=models_dir, op="moe")
+        dispatcher, why_not = vllm_kernel_dispatcher("moe", gpu_name, models_dir, dtype)
+        dispatcher = dispatcher or Dispatcher(gpu_name=gpu_name, models_dir=models_dir, op="moe")
     d = dispatcher
     if d.space_arch is None:
         archs = ", ".join(sorted(_moe_space().ARCHS))
         raise ValueError(f"GPU {d.gpu_name!r} ({getattr(d, 'arch', None) or 'arch unknown'}) has no moe candidate "
                          f"space (spaces exist for {archs}): every entry would be vLLM's default")
     tables = [build_moe_table(d, s, dtype, ms) for s in specs]
+    for t in tables:
+        t.ranked_with = ranked_with(d, dtype, why_not)
     out = [(write_table(t, out_dir), t) for t in tables]
     write_sidecar(tables, d, out_dir)
     return out

@@ -13,10 +13,15 @@ this repository), launched by our own functions that mirror vLLM 0.33.0's host c
   program row per token-expert pair) when ``M * top_k * 4 <= E``, else vLLM's
   ``moe_align_block_size``, here the project's own ``kernels/moe/impl.align`` (same layout and
   sentinel; its buffer length equals vLLM's ``max_num_tokens_padded``, so the grids are the same);
-- ``fused_experts`` mirrors ``fused_experts_impl`` for bf16/fp16/fp32 and fp8 w8a8 with per-tensor
-  static scales (one config for both GEMMs; silu-and-mul and the fp8 quantisation of the
-  intermediate by the project's kernels; vLLM's ``ops.moe_sum`` as ``torch.sum``);
+- ``fused_experts`` mirrors ``fused_experts_impl`` for bf16/fp16/fp32, fp8 w8a8 with per-tensor
+  static scales, and fp8 w8a8 with 128x128 block weight scales (``block_shape`` [128, 128]: both
+  GEMMs' inputs quantised per token and 128-column group with dynamic scales, vLLM's
+  ``per_token_group_quant_fp8``) (one config for both GEMMs; silu-and-mul and the fp8
+  quantisation of the inputs by the project's kernels; vLLM's ``ops.moe_sum`` as ``torch.sum``);
 - ``w8a8_block_fp8_matmul`` mirrors ``w8a8_triton_block_scaled_mm`` (grid, strides, config).
+
+Both take an ``out`` tensor to write the result into (the harness times them into a preallocated
+output, as it does the project's kernels).
 
 It lives with the MoE op (it uses the op's align, silu-and-mul and fp8 quantisation; the
 kernels/vllm/ package below it holds only vLLM's names, folders, tables and source access). The
@@ -197,15 +202,21 @@ def invoke_fused_moe(mod, A, B, C, A_scale, B_scale, topk_weights, sorted_token_
 
 
 def fused_experts(mod, x, w1, w2, topk_weights, topk_ids, config: dict, *, w1_scale=None, w2_scale=None,
-                  a1_scale=None, a2_scale=None, swap_ab: bool | None = None):
+                  a1_scale=None, a2_scale=None, swap_ab: bool | None = None, out=None):
     """The MoE layer as vLLM's ``fused_experts_impl`` runs it with one ``config`` for both GEMMs:
-    y (M, hidden). bf16/fp16/fp32 weights, or fp8 e4m3 weights with per-expert scales (E,) and
-    per-tensor static activation scales a1_scale, a2_scale (1,) (x in bf16, quantised here)."""
+    y (M, hidden). bf16/fp16/fp32 weights; fp8 e4m3 weights with per-expert scales (E,) and
+    per-tensor static activation scales a1_scale, a2_scale (1,) (x in bf16, quantised here); or
+    block-scaled weights (3-D scales (E, ceil(N/128), ceil(K/128)), fp8 e4m3, or fp16/fp32 stand-ins
+    for the CPU interpreter) whose inputs are quantised per token group here (a1_scale and
+    a2_scale None), vLLM's block_shape [128, 128]. ``out``: an (M, hidden) tensor of x's dtype to
+    write y into (default: a new one)."""
     import torch
 
     from . import impl
 
-    fp8 = w1.dtype == torch.float8_e4m3fn
+    block = impl.is_block_scaled(w1_scale)
+    fp8 = w1.dtype == torch.float8_e4m3fn or block
+    block_shape = [impl.GROUP_N, impl.GROUP_K] if block else None
     M, hidden = x.shape
     E, two_n, _ = w1.shape
     top_k = topk_ids.size(1)
@@ -214,25 +225,32 @@ def fused_experts(mod, x, w1, w2, topk_weights, topk_ids, config: dict, *, w1_sc
     sorted_ids, expert_ids, ntpp = expert_assignment(topk_ids, config["BLOCK_SIZE_M"], E)
     cache1 = torch.empty((M, top_k, two_n), dtype=out_dtype, device=x.device)
     cache3 = torch.empty((M, top_k, hidden), dtype=out_dtype, device=x.device)
-    qx = impl.quantize_fp8(x, a1_scale) if fp8 else x
-    invoke_fused_moe(mod, qx, w1, cache1, a1_scale, w1_scale, topk_weights, sorted_ids, expert_ids, ntpp,
-                     False, top_k, config, compute_type, fp8, swap_ab=swap_ab)
+    if block:
+        qx, a1q = impl.quantize_fp8_groups(x, w1.dtype)
+    else:
+        qx, a1q = (impl.quantize_fp8(x, a1_scale), a1_scale) if fp8 else (x, None)
+    invoke_fused_moe(mod, qx, w1, cache1, a1q, w1_scale, topk_weights, sorted_ids, expert_ids, ntpp,
+                     False, top_k, config, compute_type, fp8, block_shape=block_shape, swap_ab=swap_ab)
     cache2 = impl.silu_and_mul(cache1.view(-1, two_n))
-    q2 = impl.quantize_fp8(cache2, a2_scale) if fp8 else cache2
-    invoke_fused_moe(mod, q2, w2, cache3, a2_scale, w2_scale, topk_weights, sorted_ids, expert_ids, ntpp,
-                     True, 1, config, compute_type, fp8, swap_ab=swap_ab)
-    return cache3.sum(dim=1)
+    if block:
+        q2, a2q = impl.quantize_fp8_groups(cache2, w2.dtype)
+    else:
+        q2, a2q = (impl.quantize_fp8(cache2, a2_scale), a2_scale) if fp8 else (cache2, None)
+    invoke_fused_moe(mod, q2, w2, cache3, a2q, w2_scale, topk_weights, sorted_ids, expert_ids, ntpp,
+                     True, 1, config, compute_type, fp8, block_shape=block_shape, swap_ab=swap_ab)
+    return torch.sum(cache3, dim=1) if out is None else torch.sum(cache3, dim=1, out=out)
 
 
-def w8a8_block_fp8_matmul(mod, A, B, As, Bs, block_size, config: dict, output_dtype=None):
-    """vLLM's ``w8a8_triton_block_scaled_mm`` with a given config: C = (A * As) @ (B * Bs).T."""
+def w8a8_block_fp8_matmul(mod, A, B, As, Bs, block_size, config: dict, output_dtype=None, out=None):
+    """vLLM's ``w8a8_triton_block_scaled_mm`` with a given config: C = (A * As) @ (B * Bs).T, into
+    ``out`` (a contiguous tensor of A's leading shape by N) when given."""
     import torch
     import triton
 
     block_n, block_k = block_size
     M = A.numel() // A.shape[-1]
     N, K = B.shape
-    C = A.new_empty(A.shape[:-1] + (N,), dtype=output_dtype or torch.bfloat16)
+    C = out if out is not None else A.new_empty(A.shape[:-1] + (N,), dtype=output_dtype or torch.bfloat16)
     grid = (triton.cdiv(M, config["BLOCK_SIZE_M"]) * triton.cdiv(N, config["BLOCK_SIZE_N"]),)
     mod._w8a8_triton_block_scaled_mm[grid](
         A, B, C, As, Bs, M, N, K, block_n, block_k,

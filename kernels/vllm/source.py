@@ -24,6 +24,11 @@ from .names import KIND_BLOCK_FP8, KIND_MOE, KINDS
 VLLM_TUNED_CONFIG_FOLDER = "VLLM_TUNED_CONFIG_FOLDER"
 # A vLLM source for the loader test and the kernels: a wheel file or a folder holding ``vllm/``.
 ENV_SRC = "COSTMODEL_VLLM_SRC"
+# The folder ``python -m gemm_costmodel.benchmarks.vllm_compare prepare`` writes by default (git-ignored),
+# looked for in the current folder when COSTMODEL_VLLM_SRC is not set: a GPU host that carries it
+# measures vLLM's kernels (``costmodel bench --op vllm_moe`` in the repository root) without setting
+# anything.
+DEFAULT_SRC_DIR = ".vllm_src"
 
 # Folders of the package (relative to the folder holding vllm's __init__.py).
 PACKAGE_CONFIG_DIRS = {
@@ -116,10 +121,13 @@ class Source:
 
 
 def find_source(where: str | None = None) -> tuple[Source | None, str]:
-    """(Source, '') for ``where``, else COSTMODEL_VLLM_SRC, else the installed vllm package; or
-    (None, the reason) when none has vLLM's fused_moe.py."""
+    """(Source, '') for ``where``, else COSTMODEL_VLLM_SRC, else a ``.vllm_src`` folder in the current
+    folder (DEFAULT_SRC_DIR), else the installed vllm package; or (None, the reason) when none has
+    vLLM's fused_moe.py."""
     tried = []
-    for label, cand in (("argument", where), (ENV_SRC, os.environ.get(ENV_SRC)),
+    env = os.environ.get(ENV_SRC)
+    default = DEFAULT_SRC_DIR if not env and os.path.isdir(DEFAULT_SRC_DIR) else None
+    for label, cand in (("argument", where), (ENV_SRC, env), (f"./{DEFAULT_SRC_DIR}", default),
                         ("installed vllm", installed_package_dir())):
         if not cand:
             continue
@@ -137,4 +145,5 @@ def find_source(where: str | None = None) -> tuple[Source | None, str]:
         return src, ""
     why = "; ".join(tried) if tried else "none given"
     return None, (f"no vLLM source ({why}): set {ENV_SRC} to a vLLM wheel or a folder holding vllm/ "
-                  "(pip download vllm==0.33.0 --no-deps), or install vllm")
+                  f"(pip download vllm==0.33.0 --no-deps), make ./{DEFAULT_SRC_DIR} from a wheel "
+                  "(python -m gemm_costmodel.benchmarks.vllm_compare prepare --wheel WHEEL), or install vllm")
