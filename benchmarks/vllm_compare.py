@@ -57,7 +57,9 @@ def prepare(wheel: str, out: str) -> list[str]:
     written = []
     with zipfile.ZipFile(wheel) as z:
         for name in z.namelist():
-            if name in NEEDED or (name.startswith(CONFIG_PREFIXES) and name.endswith(".json")):
+            # The licence too: the carried tables' provenance names it (tests/test_vllm_tables.py).
+            if (name in NEEDED or (name.startswith(CONFIG_PREFIXES) and name.endswith(".json"))
+                    or (".dist-info/licenses/" in name and name.rsplit("/", 1)[-1] == "LICENSE")):
                 z.extract(name, out)
                 written.append(name)
     missing = [n for n in NEEDED if n not in written]
