@@ -108,6 +108,19 @@ def test_harness_measures_the_pending_grid_by_its_variant_only():
         H.select_candidates(p, "variant:swapab", 0, op="grouped_gemm")
 
 
+def test_rows_of_pending_configs_stay_out_of_training():
+    """Rows the campaign measures while the grid is pending are the record of what ran: training and
+    evaluation skip them (dataset.out_of_space) until the grid joins the space."""
+    import pandas as pd
+
+    from gemm_costmodel.data import dataset as D
+
+    p = dict(m=32768, n=5760, k=2880, dtype="bf16", e=16, stage="dgrad", routing="balanced")
+    df = pd.DataFrame([dict(p, candidate=c) for c in ("ggptma_m128n128k64_g8_w8s4", "ggpers_m128n128k64_g8_w8s4",
+                                                      "grouped_mm")])
+    assert D.out_of_space(df, "grouped_gemm", "sm90").tolist() == [True, False, False]
+
+
 def test_tma_campaign_lines_parse_and_select_their_problems():
     """benchmarks/campaigns/grouped-gemm-tma-h200.txt: every sweep line parses as `costmodel bench`
     arguments, its --only list selects problems of its suite (the re-measure: dgrad and wgrad only),
@@ -293,6 +306,18 @@ def test_tma_kernels_equal_the_reference(monkeypatch, stage, dtype, m, n, k, e, 
     calls = _tma_launches(monkeypatch)
     _check(p, TMA_SMALL)
     assert calls == [(c.id, stage) for c in TMA_SMALL]
+
+
+@needs_interpreter
+@pytest.mark.parametrize("stage", S.STAGES)
+def test_tma_loop_knobs_keep_the_result(monkeypatch, stage):
+    """The knobs gg_tma_knobs.py times (flatten off, warp specialisation on: wgrad then stores dW
+    through a per-tile descriptor) compute the same."""
+    monkeypatch.setattr(I, "TMA_FLATTEN", False)
+    monkeypatch.setattr(I, "TMA_WARP_SPEC", True)
+    calls = _tma_launches(monkeypatch)
+    _check(S.Problem(45, 40, 72, "fp32", 5, stage, "real2"), TMA_SMALL)
+    assert len(calls) == len(TMA_SMALL)
 
 
 @needs_interpreter

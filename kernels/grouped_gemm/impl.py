@@ -237,16 +237,25 @@ def _gg_rows_tma_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N_OUT, RED, G, NUM_PRO
                         G_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         GROUP_M: tl.constexpr, FWD: tl.constexpr, FLATTEN: tl.constexpr,
                         WARP_SPEC: tl.constexpr):
-    # fwd: C (M, N_OUT) rows of g = A (M, RED) rows of g @ W_g^T, W_g (N_OUT, RED);
-    # dgrad: C (M, N_OUT) rows of g = A (M, RED) rows of g @ W_g, W_g (RED, N_OUT).
+    # fwd: C (M, N_OUT) rows of g = A (M, RED) rows of g @ W_g^T, W (G, N_OUT, RED);
+    # dgrad: C (M, N_OUT) rows of g = A (M, RED) rows of g @ W_g, W (G, RED, N_OUT).
     # Every tensor is contiguous and row-major (space.PROBLEM_RULES: 16-byte row strides).
     gi, starts, ends, tiles, cum = _row_schedule(offs_ptr, G, G_PAD, BLOCK_M)
     num_row_tiles = tl.sum(tiles, 0)
     num_pid_n = tl.cdiv(N_OUT, BLOCK_N)
     k_tiles = tl.cdiv(RED, BLOCK_K)
-    # One descriptor of A for all tiles: a tile's rows past its group are the next group's (or
-    # zeros past M); they reach only output rows that the group's store descriptor drops.
+    # Made once per program. A: a tile's rows past its group are the next group's (or zeros past M);
+    # they reach only output rows that the group's store descriptor drops. W: 3-D, so TMA bounds each
+    # expert's own rows and columns (a box of one expert: the K tail of fwd and the reduction tail of
+    # dgrad read zeros, never the next expert), loaded straight into the MMA's shared memory.
     a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, RED], strides=[RED, 1], block_shape=[BLOCK_M, BLOCK_K])
+    w_stride = N_OUT.to(tl.int64) * RED
+    if FWD:
+        w_desc = tl.make_tensor_descriptor(b_ptr, shape=[G, N_OUT, RED], strides=[w_stride, RED, 1],
+                                           block_shape=[1, BLOCK_N, BLOCK_K])
+    else:
+        w_desc = tl.make_tensor_descriptor(b_ptr, shape=[G, RED, N_OUT], strides=[w_stride, N_OUT, 1],
+                                           block_shape=[1, BLOCK_K, BLOCK_N])
     for t in tl.range(tl.program_id(0), num_row_tiles * num_pid_n, NUM_PROGRAMS, flatten=FLATTEN,
                       warp_specialize=WARP_SPEC):
         r, pid_n = _grouped_tile(t, num_row_tiles, num_pid_n, GROUP_M)
@@ -256,27 +265,20 @@ def _gg_rows_tma_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N_OUT, RED, G, NUM_PRO
         g_end = tl.sum(tl.where(sel, ends, 0), 0)
         row0 = tl.sum(tl.where(sel, starts, 0), 0) + (r - first) * BLOCK_M
         col0 = pid_n * BLOCK_N
-        # The output cut after the group's last row: the tile's rows past it are not written.
+        # The output cut after the group's last row (made per tile: the group changes between a
+        # program's tiles): the tile's rows past it are not written.
         c_desc = tl.make_tensor_descriptor(c_ptr, shape=[g_end, N_OUT], strides=[N_OUT, 1],
                                            block_shape=[BLOCK_M, BLOCK_N])
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         if FWD:
-            # W as (G * N_OUT, RED) cut after W_g: output columns past N_OUT read zeros. The K tail
-            # is zero in both operands (the descriptors end at RED).
-            b_desc = tl.make_tensor_descriptor(b_ptr, shape=[(g + 1) * N_OUT, RED], strides=[RED, 1],
-                                               block_shape=[BLOCK_N, BLOCK_K])
             for kt in range(k_tiles):
                 a = a_desc.load([row0, kt * BLOCK_K])
-                b = b_desc.load([g * N_OUT + col0, kt * BLOCK_K])
+                b = w_desc.load([g, col0, kt * BLOCK_K]).reshape(BLOCK_N, BLOCK_K)
                 acc = tl.dot(a, b.T, acc)
         else:
-            # W as (G * RED, N_OUT) cut after W_g: the reduction's tail past RED reads zeros, not
-            # the next expert's rows.
-            b_desc = tl.make_tensor_descriptor(b_ptr, shape=[(g + 1) * RED, N_OUT], strides=[N_OUT, 1],
-                                               block_shape=[BLOCK_K, BLOCK_N])
             for kt in range(k_tiles):
                 a = a_desc.load([row0, kt * BLOCK_K])
-                b = b_desc.load([g * RED + kt * BLOCK_K, col0])
+                b = w_desc.load([g, kt * BLOCK_K, col0]).reshape(BLOCK_K, BLOCK_N)
                 acc = tl.dot(a, b, acc)
         c_desc.store([row0, col0], acc.to(c_ptr.dtype.element_ty))
 
@@ -289,6 +291,9 @@ def _gg_wgrad_tma_kernel(dy_ptr, x_ptr, c_ptr, offs_ptr, N, K, G, NUM_PROGRAMS,
     num_pid_m = tl.cdiv(N, BLOCK_M)
     num_pid_n = tl.cdiv(K, BLOCK_N)
     per_group = num_pid_m * num_pid_n
+    # dW: 3-D, made once per program; a box of one expert, so rows past N are not written.
+    c_desc = tl.make_tensor_descriptor(c_ptr, shape=[G, N, K], strides=[N.to(tl.int64) * K, K, 1],
+                                       block_shape=[1, BLOCK_M, BLOCK_N])
     for t in tl.range(tl.program_id(0), G * per_group, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=WARP_SPEC):
         g = t // per_group
         pid_m, pid_n = _grouped_tile(t % per_group, num_pid_m, num_pid_n, GROUP_M)
@@ -296,21 +301,27 @@ def _gg_wgrad_tma_kernel(dy_ptr, x_ptr, c_ptr, offs_ptr, N, K, G, NUM_PROGRAMS,
         end = tl.load(offs_ptr + g)
         row0 = pid_m * BLOCK_M
         col0 = pid_n * BLOCK_N
-        # dy and x cut after the group's last token: the last reduction step's tokens past it load
-        # zeros. (At least one row: a descriptor of no rows is never read, as the loop is empty.)
+        # dy and x cut after the group's last token (made per tile): the last reduction step's
+        # tokens past it load zeros. (At least one row: a descriptor of no rows is never read, as
+        # the loop is then empty.)
         rows = tl.maximum(end, 1)
         dy_desc = tl.make_tensor_descriptor(dy_ptr, shape=[rows, N], strides=[N, 1], block_shape=[BLOCK_K, BLOCK_M])
         x_desc = tl.make_tensor_descriptor(x_ptr, shape=[rows, K], strides=[K, 1], block_shape=[BLOCK_K, BLOCK_N])
-        # dW as (G * N, K) cut after dW_g: the tile's rows past N are not written.
-        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[(g + 1) * N, K], strides=[K, 1],
-                                           block_shape=[BLOCK_M, BLOCK_N])
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for tt in range(start, end, BLOCK_K):
             a = dy_desc.load([tt, row0])
             b = x_desc.load([tt, col0])
             acc = tl.dot(a.T, b, acc)
         # An empty group's tiles store zeros.
-        c_desc.store([g * N + row0, col0], acc.to(c_ptr.dtype.element_ty))
+        if WARP_SPEC:
+            # Triton 3.6's warp specialisation pass fails on this kernel with the 3-D dW descriptor
+            # and compiles it with this one (benchmarks/explore/gg_tma_compile_check.py): dW as
+            # (G * N, K), cut after dW_g, made per tile.
+            c2_desc = tl.make_tensor_descriptor(c_ptr, shape=[(g + 1) * N, K], strides=[K, 1],
+                                                block_shape=[BLOCK_M, BLOCK_N])
+            c2_desc.store([g * N + row0, col0], acc.to(c_ptr.dtype.element_ty))
+        else:
+            c_desc.store([g, row0, col0], acc.to(c_ptr.dtype.element_ty).reshape(1, BLOCK_M, BLOCK_N))
 
 
 # ----------------------------------------------------------------------------
