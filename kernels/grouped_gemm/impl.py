@@ -23,18 +23,19 @@ tensor descriptors, their bounds and their alignment checks):
   persistent, every operand loaded and the output stored through TMA tensor descriptors made on
   the device (``tl.make_tensor_descriptor``; their 128-byte tensor maps live in a per-program
   workspace that Triton asks ``triton.set_allocator``'s allocator for at launch). A ragged group
-  needs no masks: a descriptor whose rows end where the group's do is made per tile, and TMA
-  zero-fills the loads and drops the stores past a descriptor's bounds. fwd/dgrad: x or dy is one
-  (M, RED) descriptor for every tile (rows past the group feed only output rows the store drops);
-  W is viewed as (G * rows, cols) cut after group g (dgrad's reduction tail reads zeros, not the
-  next expert); y/dx is cut after group g's last row. wgrad: dy and x are cut after group g's
-  last token (the reduction tail reads zeros), dW after group g's N rows.
+  needs no masks: TMA zero-fills the loads and drops the stores past a descriptor's bounds, so
+  where a group's rows end, a descriptor made per tile ends there. fwd/dgrad: x or dy is one
+  (M, RED) descriptor per program (rows past the group feed only output rows the store drops), W
+  one 3-D (G, rows, cols) descriptor per program (a box is one expert's: the reduction's tail
+  reads zeros, not the next expert's rows), y/dx one per tile, cut after the group's last row.
+  wgrad: dy and x one per tile, cut after the group's last token (the reduction's tail reads
+  zeros), dW one 3-D descriptor per program.
 - the vendor ``grouped_mm``: ``torch._grouped_mm`` (2D x 3D with offs for fwd and dgrad, 2D x 2D
   with offs for wgrad).
 
 ``launch`` never synchronises the device and reads nothing on the host that depends on data, so
-a pass can be captured in a CUDA graph (split-K's zeroed fp32 buffer is allocated per launch,
-which a capture allows). dtypes: bf16; fp16/fp32 for the CPU interpreter tests (it computes
+a pass can be captured in a CUDA graph (split-K's zeroed fp32 buffer and the TMA kernels'
+descriptor workspace are allocated per launch, which a capture allows). dtypes: bf16; fp16/fp32 for the CPU interpreter tests (it computes
 garbage for bf16 dots).
 """
 from __future__ import annotations
@@ -265,8 +266,8 @@ def _gg_rows_tma_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N_OUT, RED, G, NUM_PRO
         g_end = tl.sum(tl.where(sel, ends, 0), 0)
         row0 = tl.sum(tl.where(sel, starts, 0), 0) + (r - first) * BLOCK_M
         col0 = pid_n * BLOCK_N
-        # The output cut after the group's last row (made per tile: the group changes between a
-        # program's tiles): the tile's rows past it are not written.
+        # The output cut after the group's last row (made per tile: a program's next tile may be
+        # another group's): the tile's rows past it are not written.
         c_desc = tl.make_tensor_descriptor(c_ptr, shape=[g_end, N_OUT], strides=[N_OUT, 1],
                                            block_shape=[BLOCK_M, BLOCK_N])
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -385,7 +386,8 @@ def tma_operands_ok(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool
     """Whether the TMA kernels can read these (contiguous) operands: every base address and row
     stride a multiple of 16 bytes. The row strides are space.PROBLEM_RULES' (N and K); the base
     addresses are not seen by the rules (an offset view), so launch checks them on the host."""
-    return all(t.data_ptr() % TMA_ALIGN_BYTES == 0 and (t.dim() < 2 or (t.stride(-2) * t.element_size()) % TMA_ALIGN_BYTES == 0)
+    return all(t.data_ptr() % TMA_ALIGN_BYTES == 0
+               and (t.dim() < 2 or (t.stride(-2) * t.element_size()) % TMA_ALIGN_BYTES == 0)
                for t in (a, b, out))
 
 
