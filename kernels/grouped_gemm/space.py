@@ -35,8 +35,9 @@ Variants (the shared VARIANT_CODES names):
 - ``vendor`` (``grouped_mm``): ``torch._grouped_mm`` (bf16, sm90);
 - ``persistent_tma`` (``GgPersistentTmaConfig``, pending: out of the served space until measured,
   ``PENDING_SM90``): the persistent schedule with every operand loaded, and the output stored,
-  through TMA tensor descriptors made on the device (one per group where a group's rows must be
-  cut off: the output's rows in fwd/dgrad, W_g's rows in dgrad, the tokens in wgrad).
+  through TMA tensor descriptors made on the device (per tile where a ragged group's rows end:
+  the output's rows in fwd/dgrad, the tokens in wgrad; W and dW as 3-D descriptors, one per
+  program).
 
 dtypes: bf16 (the op); fp16/fp32 exist only for the Triton CPU interpreter tests (it computes
 garbage for bf16 dots).
