@@ -59,8 +59,9 @@ SAMPLE_BASE_VARIANTS = ("tiled", "splitk", "persistent")
 def select_candidates(problem: Problem, mode: str, seed: int, arch: str = "sm90", *, op: str
                       ) -> list[GemmConfig]:
     """Candidates to measure for a problem: 'all', 'sample:K' (K Triton configs + vendor),
-    'variant:A[,B...]' (every feasible config of those variants + vendor) or 'pick:CSV' (the
-    feasible configs a CSV lists for the problem's key + vendor; ``picked_candidates``).
+    'variant:A[,B...]' (every feasible config of those variants, the op's pending ones included,
+    + vendor) or 'pick:CSV' (the feasible configs a CSV lists for the problem's key + vendor;
+    ``picked_candidates``).
 
     'sample:K' draws K configs of SAMPLE_BASE_VARIANTS and, from each later variant,
     the same fraction of its feasible configs."""
@@ -70,13 +71,20 @@ def select_candidates(problem: Problem, mode: str, seed: int, arch: str = "sm90"
     if mode.startswith("variant:"):
         # Adds a new kernel variant's rows to shapes measured before it existed; the
         # vendor row, measured again in the same run, anchors them to the earlier run.
+        space = registry.get(op).space_module()
+        known = set(getattr(space, "VARIANTS", VARIANTS))
         names = set(mode.split(":", 1)[1].split(","))
-        unknown = names - set(VARIANTS)
+        unknown = names - known
         if unknown or not names:
-            raise ValueError(f"candidate mode {mode!r}: unknown variant(s) {sorted(unknown)}; known: {sorted(VARIANTS)}")
+            raise ValueError(f"candidate mode {mode!r}: unknown variant(s) {sorted(unknown)}; known: {sorted(known)}")
+        # The op's pending grids (its space module's pending_configs: defined, out of the served
+        # space until a card has measured them) are measured by naming their variant, under the
+        # same feasibility rules; training skips their rows until they join (dataset.out_of_space).
+        pending = [c for c in getattr(space, "pending_configs", lambda a, d: [])(arch, problem.dtype)
+                   if c.variant in names and space.check_feasible(c, problem, arch)[0]]
         # Where none of the variants runs (e.g. a decode-only variant at large M) there is
         # nothing to add: the vendor alone would only repeat an earlier row.
-        return _with_vendor_anchor([c for c in feas if c.variant in names], feas)
+        return _with_vendor_anchor([c for c in feas if c.variant in names] + pending, feas)
     if mode.startswith("pick:"):
         # Chosen configs per problem (e.g. a model's top predictions on training shapes, so the
         # ranker sees the near-ties among good configs that random samples rarely hold): a CSV

@@ -52,7 +52,8 @@ class VendorConfig:
 
 # The variant codes of every op's configs (a feature; one table, so a code means one variant), and
 # the uniform numeric view of any config, used by features and data files.
-VARIANT_CODES = {"tiled": 0, "splitk": 1, "persistent": 2, "vendor": 3, "swapab": 4, "swapab_tma": 5, "gemv": 6}
+VARIANT_CODES = {"tiled": 0, "splitk": 1, "persistent": 2, "vendor": 3, "swapab": 4, "swapab_tma": 5, "gemv": 6,
+                 "persistent_tma": 7}
 PARAM_NAMES = ("block_m", "block_n", "block_k", "group_m", "split_k", "num_warps", "num_stages")
 
 

@@ -92,6 +92,13 @@ def _mode(name: str) -> str:
     # sampled Triton configs + the vendor per problem.
     if name.startswith("gg-train-h200-"):
         return "sample:6"
+    # Its TMA campaign (benchmarks/campaigns/grouped-gemm-tma-h200.txt): the persistent_tma configs
+    # (a pending grid, then generation 60-tma) + the vendor; the training dgrad/wgrad problems measured
+    # again after decision 068's fix, with the first sweep's sample (the evaluation ones: all).
+    if name.startswith("gg-tma-"):
+        return "variant:persistent_tma"
+    if name.startswith("gg-vl-train-h200-"):
+        return "sample:6"
     # Issue 63's decode campaign (benchmarks/campaigns/dense-decode-h200.txt): the mid-M shapes' tiled
     # and persistent configs, the training M <= 4 shapes' GEMV configs (the evaluation shard: all).
     if name.startswith("dense-decode-midm-"):

@@ -7,7 +7,8 @@ int32 row ends, (G,), torch._grouped_mm's ``offs``; offs[-1] = M). One launch pe
 - ``dgrad``: launch(cfg, "dgrad", dy (M, N), w (G, N, K), offs) -> dx (M, K),    dx_g = dy_g @ W_g
 - ``wgrad``: launch(cfg, "wgrad", dy (M, N), x (M, K),    offs) -> dW (G, N, K), dW_g = dy_g^T @ x_g
 
-Kernels (Triton, plain masked loads: no TMA, so the CPU interpreter runs every one of them):
+Kernels (Triton; the CPU interpreter runs every one of them, the TMA ones included: it emulates
+tensor descriptors, their bounds and their alignment checks):
 - ``_gg_rows_kernel`` (fwd, dgrad; one kernel, W read through strides: transposed for fwd, as
   stored for dgrad): the tile schedule is every group's row tiles concatenated (sum_g
   ceil(tokens_g / BLOCK_M)) times the column tiles, in grouped order; each program finds its
@@ -18,12 +19,23 @@ Kernels (Triton, plain masked loads: no TMA, so the CPU interpreter runs every o
 - ``_gg_wgrad_kernel``: a static schedule of G x (N / BLOCK_M) x (K / BLOCK_N) tiles, each
   reducing over its group's own token range (read from offs on the device: an empty group
   writes zeros); ``splitk`` splits every group's token range into SPLIT_K slices.
+- ``_gg_rows_tma_kernel`` / ``_gg_wgrad_tma_kernel`` (``persistent_tma``): the same schedules,
+  persistent, every operand loaded and the output stored through TMA tensor descriptors made on
+  the device (``tl.make_tensor_descriptor``; their 128-byte tensor maps live in a per-program
+  workspace that Triton asks ``triton.set_allocator``'s allocator for at launch). A ragged group
+  needs no masks: TMA zero-fills the loads and drops the stores past a descriptor's bounds, so
+  where a group's rows end, a descriptor made per tile ends there. fwd/dgrad: x or dy is one
+  (M, RED) descriptor per program (rows past the group feed only output rows the store drops), W
+  one 3-D (G, rows, cols) descriptor per program (a box is one expert's: the reduction's tail
+  reads zeros, not the next expert's rows), y/dx one per tile, cut after the group's last row.
+  wgrad: dy and x one per tile, cut after the group's last token (the reduction's tail reads
+  zeros), dW one 3-D descriptor per program.
 - the vendor ``grouped_mm``: ``torch._grouped_mm`` (2D x 3D with offs for fwd and dgrad, 2D x 2D
   with offs for wgrad).
 
 ``launch`` never synchronises the device and reads nothing on the host that depends on data, so
-a pass can be captured in a CUDA graph (split-K's zeroed fp32 buffer is allocated per launch,
-which a capture allows). dtypes: bf16; fp16/fp32 for the CPU interpreter tests (it computes
+a pass can be captured in a CUDA graph (split-K's zeroed fp32 buffer and the TMA kernels'
+descriptor workspace are allocated per launch, which a capture allows). dtypes: bf16; fp16/fp32 for the CPU interpreter tests (it computes
 garbage for bf16 dots).
 """
 from __future__ import annotations
@@ -36,8 +48,8 @@ import triton
 import triton.language as tl
 
 from ..common import _grouped_tile, no_tf32, num_sms
-from .space import (MAX_GROUPS, STAGES, GgPersistentConfig, GgSplitKConfig, GgTiledConfig, Problem,
-                    VendorConfig, _pad_groups)
+from .space import (MAX_GROUPS, STAGES, TMA_ALIGN_BYTES, GgPersistentConfig, GgPersistentTmaConfig,
+                    GgSplitKConfig, GgTiledConfig, Problem, VendorConfig, _pad_groups)
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
@@ -219,6 +231,100 @@ def _gg_wgrad_kernel(dy_ptr, x_ptr, c_ptr, offs_ptr, N, K, G, stride_dym, stride
                     num_pid_m, num_pid_n, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, ALIGNED)
 
 
+# -- TMA (persistent_tma) -------------------------------------------------------------------
+
+@triton.jit(do_not_specialize=["M", "G", "NUM_PROGRAMS"])
+def _gg_rows_tma_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, M, N_OUT, RED, G, NUM_PROGRAMS,
+                        G_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        GROUP_M: tl.constexpr, FWD: tl.constexpr, FLATTEN: tl.constexpr,
+                        WARP_SPEC: tl.constexpr):
+    # fwd: C (M, N_OUT) rows of g = A (M, RED) rows of g @ W_g^T, W (G, N_OUT, RED);
+    # dgrad: C (M, N_OUT) rows of g = A (M, RED) rows of g @ W_g, W (G, RED, N_OUT).
+    # Every tensor is contiguous and row-major (space.PROBLEM_RULES: 16-byte row strides).
+    gi, starts, ends, tiles, cum = _row_schedule(offs_ptr, G, G_PAD, BLOCK_M)
+    num_row_tiles = tl.sum(tiles, 0)
+    num_pid_n = tl.cdiv(N_OUT, BLOCK_N)
+    k_tiles = tl.cdiv(RED, BLOCK_K)
+    # Made once per program. A: a tile's rows past its group are the next group's (or zeros past M);
+    # they reach only output rows that the group's store descriptor drops. W: 3-D, so TMA bounds each
+    # expert's own rows and columns (a box of one expert: the K tail of fwd and the reduction tail of
+    # dgrad read zeros, never the next expert), loaded straight into the MMA's shared memory.
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, RED], strides=[RED, 1], block_shape=[BLOCK_M, BLOCK_K])
+    w_stride = N_OUT.to(tl.int64) * RED
+    if FWD:
+        w_desc = tl.make_tensor_descriptor(b_ptr, shape=[G, N_OUT, RED], strides=[w_stride, RED, 1],
+                                           block_shape=[1, BLOCK_N, BLOCK_K])
+    else:
+        w_desc = tl.make_tensor_descriptor(b_ptr, shape=[G, RED, N_OUT], strides=[w_stride, N_OUT, 1],
+                                           block_shape=[1, BLOCK_K, BLOCK_N])
+    for t in tl.range(tl.program_id(0), num_row_tiles * num_pid_n, NUM_PROGRAMS, flatten=FLATTEN,
+                      warp_specialize=WARP_SPEC):
+        r, pid_n = _grouped_tile(t, num_row_tiles, num_pid_n, GROUP_M)
+        g = tl.sum((cum <= r).to(tl.int32), 0)
+        sel = gi == g
+        first = tl.sum(tl.where(sel, cum - tiles, 0), 0)
+        g_end = tl.sum(tl.where(sel, ends, 0), 0)
+        row0 = tl.sum(tl.where(sel, starts, 0), 0) + (r - first) * BLOCK_M
+        col0 = pid_n * BLOCK_N
+        # The output cut after the group's last row (made per tile: a program's next tile may be
+        # another group's): the tile's rows past it are not written.
+        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[g_end, N_OUT], strides=[N_OUT, 1],
+                                           block_shape=[BLOCK_M, BLOCK_N])
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if FWD:
+            for kt in range(k_tiles):
+                a = a_desc.load([row0, kt * BLOCK_K])
+                b = w_desc.load([g, col0, kt * BLOCK_K]).reshape(BLOCK_N, BLOCK_K)
+                acc = tl.dot(a, b.T, acc)
+        else:
+            for kt in range(k_tiles):
+                a = a_desc.load([row0, kt * BLOCK_K])
+                b = w_desc.load([g, kt * BLOCK_K, col0]).reshape(BLOCK_K, BLOCK_N)
+                acc = tl.dot(a, b, acc)
+        c_desc.store([row0, col0], acc.to(c_ptr.dtype.element_ty))
+
+
+@triton.jit(do_not_specialize=["G", "NUM_PROGRAMS"])
+def _gg_wgrad_tma_kernel(dy_ptr, x_ptr, c_ptr, offs_ptr, N, K, G, NUM_PROGRAMS,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         GROUP_M: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPEC: tl.constexpr):
+    # dW_g (N, K) = dy[tokens of g]^T (N x T_g) @ x[tokens of g] (T_g x K); dW (G, N, K).
+    num_pid_m = tl.cdiv(N, BLOCK_M)
+    num_pid_n = tl.cdiv(K, BLOCK_N)
+    per_group = num_pid_m * num_pid_n
+    # dW: 3-D, made once per program; a box of one expert, so rows past N are not written.
+    c_desc = tl.make_tensor_descriptor(c_ptr, shape=[G, N, K], strides=[N.to(tl.int64) * K, K, 1],
+                                       block_shape=[1, BLOCK_M, BLOCK_N])
+    for t in tl.range(tl.program_id(0), G * per_group, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=WARP_SPEC):
+        g = t // per_group
+        pid_m, pid_n = _grouped_tile(t % per_group, num_pid_m, num_pid_n, GROUP_M)
+        start = tl.load(offs_ptr + g - 1, mask=g > 0, other=0)
+        end = tl.load(offs_ptr + g)
+        row0 = pid_m * BLOCK_M
+        col0 = pid_n * BLOCK_N
+        # dy and x cut after the group's last token (made per tile): the last reduction step's
+        # tokens past it load zeros. (At least one row: a descriptor of no rows is never read, as
+        # the loop is then empty.)
+        rows = tl.maximum(end, 1)
+        dy_desc = tl.make_tensor_descriptor(dy_ptr, shape=[rows, N], strides=[N, 1], block_shape=[BLOCK_K, BLOCK_M])
+        x_desc = tl.make_tensor_descriptor(x_ptr, shape=[rows, K], strides=[K, 1], block_shape=[BLOCK_K, BLOCK_N])
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for tt in range(start, end, BLOCK_K):
+            a = dy_desc.load([tt, row0])
+            b = x_desc.load([tt, col0])
+            acc = tl.dot(a.T, b, acc)
+        # An empty group's tiles store zeros.
+        if WARP_SPEC:
+            # Triton 3.6's warp specialisation pass fails on this kernel with the 3-D dW descriptor
+            # and compiles it with this one (benchmarks/explore/gg_tma_compile_check.py): dW as
+            # (G * N, K), cut after dW_g, made per tile.
+            c2_desc = tl.make_tensor_descriptor(c_ptr, shape=[(g + 1) * N, K], strides=[K, 1],
+                                                block_shape=[BLOCK_M, BLOCK_N])
+            c2_desc.store([g * N + row0, col0], acc.to(c_ptr.dtype.element_ty))
+        else:
+            c_desc.store([g, row0, col0], acc.to(c_ptr.dtype.element_ty).reshape(1, BLOCK_M, BLOCK_N))
+
+
 # ----------------------------------------------------------------------------
 # Launch
 # ----------------------------------------------------------------------------
@@ -247,6 +353,76 @@ def _vendor(stage: str, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) ->
     return torch._grouped_mm(a.t(), b, offs=offs)
 
 
+# Loop knobs of the TMA kernels (constexprs, not config fields): FLATTEN lets the software pipeline
+# prefetch the next tile's loads during a tile's epilogue (the dense persistent TMA kernel's
+# setting); WARP_SPEC asks for Triton's producer/consumer warp specialisation of the tile loop,
+# which the dense op measured at no gain on the H100 (docs/decisions/002) and is left off.
+TMA_FLATTEN = True
+TMA_WARP_SPEC = False
+
+
+def _tma_workspace(size: int, alignment: int, stream) -> torch.Tensor:
+    # The per-program workspace of device-made tensor descriptors (128 bytes each), on the current
+    # device (the launch's); allocated through torch, so a CUDA-graph capture takes it from the
+    # graph's pool.
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def ensure_tma_allocator() -> None:
+    """Give Triton an allocator for the descriptors' workspace where none is set. Triton keeps it in
+    a ContextVar: a thread that never set one (autograd's backward threads) sees none, so every TMA
+    launch calls this; one set by someone else (Inductor, a user) is kept."""
+    try:
+        from triton.runtime import _allocation
+
+        if not isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+            return
+    except (ImportError, AttributeError):  # a Triton without these names: set ours
+        pass
+    triton.set_allocator(_tma_workspace)
+
+
+def tma_operands_ok(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
+    """Whether the TMA kernels can read these (contiguous) operands: every base address and row
+    stride a multiple of 16 bytes. The row strides are space.PROBLEM_RULES' (N and K); the base
+    addresses are not seen by the rules (an offset view), so launch checks them on the host."""
+    return all(t.data_ptr() % TMA_ALIGN_BYTES == 0
+               and (t.dim() < 2 or (t.stride(-2) * t.element_size()) % TMA_ALIGN_BYTES == 0)
+               for t in (a, b, out))
+
+
+def tma_launch_args(cfg: GgPersistentTmaConfig, stage: str, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
+                    sms: int) -> tuple[tuple, dict]:
+    """(grid, keyword arguments beyond the tensors) of the TMA kernel of ``stage``: the scalar
+    arguments and constexprs a launch passes (what the tests check without a GPU)."""
+    G = offs.shape[0]
+    common = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+                  FLATTEN=TMA_FLATTEN, WARP_SPEC=TMA_WARP_SPEC, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if stage == "wgrad":
+        M, N = a.shape
+        K = b.shape[1]
+        tiles = G * triton.cdiv(N, cfg.block_m) * triton.cdiv(K, cfg.block_n)
+        progs = max(1, min(sms, tiles))
+        return (progs,), dict(N=N, K=K, G=G, NUM_PROGRAMS=progs, **common)
+    M, RED = a.shape
+    _, N, K = b.shape
+    n_out = N if stage == "fwd" else K
+    # The worst case of sum_g ceil(tokens_g / BLOCK_M) bounds the schedule, as for `persistent`.
+    tiles = (triton.cdiv(M, cfg.block_m) + G) * triton.cdiv(n_out, cfg.block_n)
+    progs = max(1, min(sms, tiles))
+    return (progs,), dict(M=M, N_OUT=n_out, RED=RED, G=G, NUM_PROGRAMS=progs, G_PAD=_pad_groups(G),
+                          FWD=stage == "fwd", **common)
+
+
+def _launch_tma(cfg: GgPersistentTmaConfig, stage: str, a, b, offs, out) -> torch.Tensor:
+    if a.is_cuda:
+        ensure_tma_allocator()
+    grid, kw = tma_launch_args(cfg, stage, a, b, offs, num_sms(_device_index(a)))
+    kernel = _gg_wgrad_tma_kernel if stage == "wgrad" else _gg_rows_tma_kernel
+    kernel[grid](a, b, out, offs, **kw)
+    return out
+
+
 def launch(cfg, stage: str, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
            out: torch.Tensor | None = None) -> torch.Tensor:
     """Run one pass on candidate ``cfg``; returns the output (``out`` when given, except for the
@@ -255,10 +431,16 @@ def launch(cfg, stage: str, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor
     validate (hot path: see check_operands); never synchronises the device."""
     if isinstance(cfg, VendorConfig):
         return _vendor(stage, a, b, offs)
-    if not isinstance(cfg, (GgTiledConfig, GgPersistentConfig, GgSplitKConfig)):
+    if not isinstance(cfg, (GgTiledConfig, GgPersistentConfig, GgSplitKConfig, GgPersistentTmaConfig)):
         raise ValueError(f"not a grouped_gemm config: {cfg!r}")
     if out is None:
         out = torch.empty(output_shape(stage, a, b, offs), dtype=a.dtype, device=a.device)
+    if isinstance(cfg, GgPersistentTmaConfig):
+        if tma_operands_ok(a, b, out):
+            return _launch_tma(cfg, stage, a, b, offs, out)
+        # An unaligned view (or N, K off the rule, launched directly): the same tile and order
+        # through pointer loads.
+        cfg = GgPersistentConfig(cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_m, cfg.num_warps, cfg.num_stages)
     split = getattr(cfg, "split_k", 1)
     persistent = isinstance(cfg, GgPersistentConfig)
     group_m = getattr(cfg, "group_m", 1)
