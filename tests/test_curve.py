@@ -117,8 +117,8 @@ def test_guided_round_takes_the_best_rows_of_a_spread():
     scores = np.tile([0.5, 3.0, 2.0, 1.0], 3)
     secs = np.ones(len(pool))
     taken = np.zeros(len(pool), dtype=bool)
-    got, spent, facts = C.guided_round(pool, scores, secs, taken, budget_s=5.0, seed=0, top=1, vendor_ids=["cublas"])
-    # vendor + the best config (c3) of each problem visited; 5 s pays for two problems.
+    got, spent, facts = C.guided_round(pool, scores, secs, taken, budget_s=4.0, seed=0, top=1, vendor_ids=["cublas"])
+    # vendor + the best config (c3) of each problem visited; 4 s pays for two problems.
     assert spent == 4.0 and facts == {"problems": 2, "new_problems": 2}
     assert sorted(pool.loc[got, "candidate"]) == ["c3", "c3", "cublas", "cublas"]
     first = set(pool.loc[got, "pid"])
@@ -130,9 +130,12 @@ def test_guided_round_takes_the_best_rows_of_a_spread():
     new = pool.loc[got2]
     assert set(new.loc[new["candidate"] == "cublas", "pid"]) == {0, 1, 2} - first
     assert sorted(new.loc[new["pid"].isin(first), "candidate"]) == ["c2", "c2"]
-    # Nothing fits a budget smaller than one problem's rows.
-    got3, spent3, _ = C.guided_round(pool, scores, secs, np.zeros(len(pool), bool), 1.5, 0, 1, ["cublas"])
-    assert len(got3) == 0 and spent3 == 0.0
+    # A budget that ends inside a problem keeps the rows that fit: the vendor's, then the best.
+    got3, spent3, f3 = C.guided_round(pool, scores, secs, np.zeros(len(pool), bool), 3.5, 0, 1, ["cublas"])
+    assert spent3 == 3.0 and f3["problems"] == 2
+    assert sorted(pool.loc[got3, "candidate"]) == ["c3", "cublas", "cublas"]
+    got4, spent4, _ = C.guided_round(pool, scores, secs, np.zeros(len(pool), bool), 0.5, 0, 1, ["cublas"])
+    assert len(got4) == 0 and spent4 == 0.0
 
 
 class _ById:

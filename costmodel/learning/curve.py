@@ -119,7 +119,8 @@ def guided_round(pool: pd.DataFrame, scores, seconds, taken, budget_s: float, se
     seeded shuffle, those with no row taken yet first (adapt draws problems not picked before), and
     each gives its vendor rows and its ``top`` best-scored rows not taken yet (a problem visited
     before gives its next-best rows: a pool of few problems runs out of fresh ones). The round
-    stops at the first problem whose rows would pass ``budget_s``.
+    ends where its seconds pass ``budget_s``: the problem in flight keeps the rows that fit (vendor
+    first, then by score), as a sweep cut by its time budget keeps the rows it measured.
 
     Returns (positions of the rows taken in this round, their seconds, facts: problems visited,
     of them new)."""
@@ -145,12 +146,17 @@ def guided_round(pool: pd.DataFrame, scores, seconds, taken, budget_s: float, se
         if not len(new):
             continue
         cost = float(seconds[new].sum())
-        if spent + cost > budget_s + 1e-9:
+        cut = spent + cost > budget_s + 1e-9
+        if cut:  # the budget ends inside this problem: the rows measured until then are kept
+            new = new[:budget_count(seconds[new], budget_s - spent)]
+            cost = float(seconds[new].sum())
+        if len(new):
+            picked.append(new)
+            spent += cost
+            n_prob += 1
+            n_new += int(not seen.get(p, False))
+        if cut:
             break
-        picked.append(new)
-        spent += cost
-        n_prob += 1
-        n_new += int(not seen.get(p, False))
     rows = np.concatenate(picked) if picked else np.zeros(0, dtype=int)
     return rows, spent, {"problems": n_prob, "new_problems": n_new}
 
