@@ -174,3 +174,13 @@ def test_model_scores_and_heldout():
     train = df[df["gpu_name"] == H100]
     model, ps = C.heldout(train, ev, TrainConfig(n_estimators=5, n_jobs=1, shortlist_tol=0.0, min_child_weight=0.0))
     assert len(ps) == 7 and set(ps["pick"]) == {"c1"} and np.allclose(ps["slowdown"], 1.0)
+
+
+def test_guided_round_passes_again_until_the_budget_is_spent():
+    # One problem of 4 rows, top 1: pass 1 takes cublas + c3, pass 2 c2, pass 3 c1; then the pool
+    # is empty and the round ends below its budget.
+    pool = pd.DataFrame({"pid": [0] * 4, "candidate": ["cublas", "c1", "c2", "c3"]})
+    got, spent, facts = C.guided_round(pool, [0.5, 3.0, 2.0, 1.0], np.ones(4), np.zeros(4, bool), 100.0, 0, 1,
+                                       ["cublas"])
+    assert list(pool.loc[got, "candidate"]) == ["cublas", "c3", "c2", "c1"]
+    assert spent == 4.0 and facts == {"problems": 1, "new_problems": 1}

@@ -2,7 +2,7 @@
 committed rows (no device time: every point's H200 rows are rows already in datasets/, chosen as a
 policy would have measured them and charged the device seconds their sweeps spent on them).
 
-Scheme (docs/decisions/069-simulated-h200-curves-dense-fp8bs.md): the H200's evaluation families in
+Scheme (docs/decisions/070-simulated-h200-adaptation-curves.md): the H200's evaluation families in
 --groups groups of about equal problem counts, each held out at once (learning.curve.family_groups,
 evaluate.card_folds(groups=...)): a fold trains on every H100 row none of whose origins is in the
 group plus the point's H200 rows outside the group, and scores the H200's evaluation problems of

@@ -118,8 +118,9 @@ def guided_round(pool: pd.DataFrame, scores, seconds, taken, budget_s: float, se
     seconds; ``taken``: rows already measured in earlier rounds (bool). Problems are visited in a
     seeded shuffle, those with no row taken yet first (adapt draws problems not picked before), and
     each gives its vendor rows and its ``top`` best-scored rows not taken yet (a problem visited
-    before gives its next-best rows: a pool of few problems runs out of fresh ones). The round
-    ends where its seconds pass ``budget_s``: the problem in flight keeps the rows that fit (vendor
+    before gives its next-best rows: a pool of few problems runs out of fresh ones); when every
+    problem has been visited and budget is left, another pass takes each one's next-best rows. The
+    round ends where its seconds pass ``budget_s`` (or the pool has no row left): the problem in flight keeps the rows that fit (vendor
     first, then by score), as a sweep cut by its time budget keeps the rows it measured.
 
     Returns (positions of the rows taken in this round, their seconds, facts: problems visited,
@@ -137,28 +138,37 @@ def guided_round(pool: pd.DataFrame, scores, seconds, taken, budget_s: float, se
     problems = np.array(sorted(bounds))
     rank = np.random.default_rng(seed).permutation(len(problems))
     visit = problems[np.lexsort((rank, seen.reindex(problems).to_numpy(dtype=bool)))]
-    picked, spent, n_new, n_prob = [], 0.0, 0, 0
-    for p in visit:
-        lo, hi = bounds[p]
-        rows = order[lo:hi]
-        free = rows[~taken[rows]]
-        new = np.r_[free[is_vendor[free]], free[~is_vendor[free]][:top]].astype(int)
-        if not len(new):
-            continue
-        cost = float(seconds[new].sum())
-        cut = spent + cost > budget_s + 1e-9
-        if cut:  # the budget ends inside this problem: the rows measured until then are kept
-            new = new[:budget_count(seconds[new], budget_s - spent)]
+    taken = taken.copy()
+    picked, spent, visited, n_new = [], 0.0, set(), 0
+    cut = False
+    while not cut:
+        took = False
+        for p in visit:
+            lo, hi = bounds[p]
+            rows = order[lo:hi]
+            free = rows[~taken[rows]]
+            new = np.r_[free[is_vendor[free]], free[~is_vendor[free]][:top]].astype(int)
+            if not len(new):
+                continue
             cost = float(seconds[new].sum())
-        if len(new):
-            picked.append(new)
-            spent += cost
-            n_prob += 1
-            n_new += int(not seen.get(p, False))
-        if cut:
+            cut = spent + cost > budget_s + 1e-9
+            if cut:  # the budget ends inside this problem: the rows measured until then are kept
+                new = new[:budget_count(seconds[new], budget_s - spent)]
+                cost = float(seconds[new].sum())
+            if len(new):
+                picked.append(new)
+                taken[new] = True
+                spent += cost
+                took = True
+                if p not in visited:
+                    visited.add(p)
+                    n_new += int(not seen.get(p, False))
+            if cut:
+                break
+        if not took:  # every row of the pool taken
             break
     rows = np.concatenate(picked) if picked else np.zeros(0, dtype=int)
-    return rows, spent, {"problems": n_prob, "new_problems": n_new}
+    return rows, spent, {"problems": len(visited), "new_problems": n_new}
 
 
 def space_misses(model, pool: pd.DataFrame, pids, top: int, op: str, arch: str = "sm90") -> tuple[int, int]:
