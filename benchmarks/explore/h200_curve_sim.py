@@ -13,6 +13,8 @@ every family: a real campaign measures them all; a fold then drops the rows of i
 as decision 066 dropped the rows touching evaluation families), each round or sweep charged
 --startup-s of precompile:
 - random: one seeded permutation of the pool's rows, cut where its seconds pass the budget;
+- randk ("random_per_problem"): the MoE campaign's random control: a seeded spread of problems, each
+  giving its vendor row and --top random configs of those it has, one sweep cut by the budget;
 - adapt: rounds at the budget steps (0-2, 2-5, 5-10, ... minutes), each ranked by the fold's model of
   the previous point (learning.curve.guided_round: a seeded spread of problems, unvisited first, each
   giving its vendor row and the model's --top best rows that exist), the model retrained after each.
@@ -20,6 +22,9 @@ A point whose budget covers the whole pool is the "all" point and is not trained
 
     python benchmarks/explore/h200_curve_sim.py --op gemm --dtype bf16 --out benchmarks/results/gemm/h200-curve
     python benchmarks/explore/h200_curve_sim.py --op gemm --dtype bf16 --out ... --summarize
+    # row seconds from timestamps against the per-shape logs of the H200's fp8_blockscale shards
+    # (tar xzf benchmarks/results/fp8_blockscale/h200/fp8bs-train-h200-logs.tar.gz -C LOGDIR):
+    python benchmarks/explore/h200_curve_sim.py --check-seconds LOGDIR
 """
 from __future__ import annotations
 
@@ -62,12 +67,15 @@ def summary(ps):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--op", required=True)
-    ap.add_argument("--dtype", required=True)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--op")
+    ap.add_argument("--dtype")
+    ap.add_argument("--out")
+    ap.add_argument("--check-seconds", metavar="LOGDIR", help="compare row seconds with the shards' shapes.log files")
     ap.add_argument("--groups", type=int, default=2)
     ap.add_argument("--seeds", nargs="+", type=int, default=[0])
-    ap.add_argument("--arms", nargs="+", default=["none", "all", "adapt", "random"])
+    ap.add_argument("--arms", nargs="+", default=["none", "all", "adapt", "random", "randk"],
+                    help="none, all, adapt (model-guided rounds), random (random rows), randk (random problems, "
+                         "--top random configs + vendor each)")
     ap.add_argument("--budgets", nargs="+", type=float, default=list(BUDGETS))
     ap.add_argument("--startup-s", type=float, default=60.0, help="device seconds of each sweep's or round's start")
     ap.add_argument("--top", type=int, default=8)
@@ -76,6 +84,10 @@ def main():
     ap.add_argument("--n-estimators", type=int, default=None, help="override the op's shipped tree count (CPU)")
     ap.add_argument("--summarize", action="store_true", help="only rebuild curve.csv and the plot from runs.csv")
     args = ap.parse_args()
+    if args.check_seconds:
+        return check_seconds(args.check_seconds)
+    if not (args.op and args.dtype and args.out):
+        ap.error("--op, --dtype and --out are required")
     os.makedirs(args.out, exist_ok=True)
     if args.summarize:
         return summarize(args)
@@ -175,6 +187,23 @@ def main():
                 picked[perm[:k]] = True
                 point("random", seed, b, (args.startup_s + cum[:k].sum()) / 60, picked,
                       {"problems": int(pool.loc[picked, "pid"].nunique())})
+    if "randk" in args.arms:
+        # The MoE campaign's random control (decision 066): random training problems, each with its
+        # vendor row and --top random configs of those it has, one sweep (one start).
+        for seed in args.seeds:
+            scores = np.random.default_rng(1000 + seed).random(n)
+            for b in args.budgets:
+                got, s, facts = C.guided_round(pool, scores, pool["sec"].to_numpy(), np.zeros(n, dtype=bool),
+                                               b * 60 - args.startup_s, seed=1000 + seed, top=args.top,
+                                               vendor_ids=list(spec.vendor_ids))
+                if len(got) >= n:
+                    log(f"random per problem seed {seed} @ {b} min: the whole pool: the 'all' point")
+                    break
+                if done("random_per_problem", seed, b):
+                    continue
+                picked = np.zeros(n, dtype=bool)
+                picked[got] = True
+                point("random_per_problem", seed, b, (args.startup_s + s) / 60, picked, {"problems": facts["problems"]})
     if "adapt" in args.arms:
         vendor = list(spec.vendor_ids)
         taken = [np.zeros(n, dtype=bool) for _ in folds]
@@ -205,6 +234,35 @@ def main():
     summarize(args)
 
 
+def check_seconds(logdir):
+    """learning.curve.row_seconds on each committed H200 fp8_blockscale training shard against the
+    seconds its harness logged per shape (``<shard>.shapes.log``): totals and per-problem agreement."""
+    import glob
+    from gemm_costmodel.data import dataset as D
+
+    tot = [0.0, 0.0]
+    for f in sorted(glob.glob("datasets/fp8_blockscale/fp8/fp8bs-train-h200-shard*.parquet")):
+        shard = os.path.basename(f).split("-shard")[1][:6]
+        logf = os.path.join(logdir, f"fp8bs-train-h200-shard{shard}.shapes.log")
+        if not os.path.exists(logf):
+            continue
+        df = D.load_dataset([f]).reset_index(drop=True)
+        key = "fp8:" + df["m"].astype(str) + "x" + df["n"].astype(str) + "x" + df["k"].astype(str)
+        ours = C.row_seconds(df).groupby(key).sum()
+        logged = pd.Series(dtype=float)
+        with open(logf, encoding="utf-8") as fh:
+            for line in fh:
+                j = json.loads(line)
+                logged.loc[j["shape"]] = logged.get(j["shape"], 0.0) + j["seconds"]
+        common = ours.index.intersection(logged.index)
+        a, b = float(ours[common].sum()), float(logged[common].sum())
+        tot[0] += a
+        tot[1] += b
+        print(f"shard {shard}: {len(common)} problems, timestamps {a:.0f} s, shapes.log {b:.0f} s, ratio {a / b:.3f}, "
+              f"per-problem r {np.corrcoef(ours[common], logged[common])[0, 1]:.2f}")
+    print(f"all: timestamps {tot[0]:.0f} s, shapes.log {tot[1]:.0f} s, ratio {tot[0] / tot[1]:.3f}")
+
+
 def summarize(args):
     """curve.csv (one row per point and GPU: random's mean over seeds with its spread) and the plot."""
     runs = pd.read_csv(os.path.join(args.out, "runs.csv"))
@@ -224,7 +282,8 @@ def summarize(args):
     seeds = pd.DataFrame(out)
     seeds.to_csv(os.path.join(args.out, "curve_seeds.csv"), index=False)
     rows = []
-    name = {"none": "none", "all_h200_rows": "all_h200_rows", "adapt": "adapt", "random": "random"}
+    name = {"none": "none", "all_h200_rows": "all_h200_rows", "adapt": "adapt", "random": "random",
+            "random_per_problem": "random_per_problem"}
     for (arm, budget, gpu), g in seeds.groupby(["arm", "budget", "gpu"], sort=False):
         rows.append({"point": name[arm], "budget_minutes": budget if budget >= 0 else np.nan,
                      "device_minutes": round(g["device_minutes"].mean(), 2), "h200_rows": int(g["h200_rows"].mean()),
@@ -236,12 +295,12 @@ def summarize(args):
                      "p99_slowdown": round(g["p99_slowdown"].mean(), 4), "max_slowdown": round(g["max_slowdown"].mean(), 4),
                      "wanted_without_row": (f"{int(g['missing'].iloc[0])}/{int(g['wanted'].iloc[0])}"
                                             if g["wanted"].notna().any() and g["wanted"].iloc[0] > 0 else "")})
-    order = {"none": 0, "adapt": 1, "random": 2, "all_h200_rows": 3}
+    order = {"none": 0, "adapt": 1, "random": 2, "random_per_problem": 3, "all_h200_rows": 4}
     curve = pd.DataFrame(rows)
     curve["_o"] = curve["point"].map(order)
     curve = curve.sort_values(["_o", "budget_minutes", "gpu"], kind="stable").drop(columns="_o")
     # The plot's x: the budget (nominal device-minutes); 'none' at 0, 'all' at what the pool cost.
-    curve["device_minutes"] = np.where(curve["point"].isin(["adapt", "random"]), curve["budget_minutes"],
+    curve["device_minutes"] = np.where(curve["point"].isin(["adapt", "random", "random_per_problem"]), curve["budget_minutes"],
                                        curve["device_minutes"])
     curve.loc[curve["point"] == "none", "device_minutes"] = 0.0
     curve.to_csv(os.path.join(args.out, "curve.csv"), index=False)
