@@ -172,6 +172,33 @@ def main():
     full_min = (args.startup_s + total_s) / 60
     if "all" in args.arms and not done("all_h200_rows", 0, -1.0):
         point("all_h200_rows", 0, -1.0, full_min, np.ones(n, dtype=bool))
+    if "adapt" in args.arms:
+        vendor = list(spec.vendor_ids)
+        taken = [np.zeros(n, dtype=bool) for _ in folds]
+        spent = [0.0 for _ in folds]
+        prev = 0.0
+        for j, b in enumerate(args.budgets):
+            extra = {"problems": 0, "wanted": 0, "missing": 0, "rounds": j + 1}
+            for i, f in enumerate(folds):
+                scores = rankers[i].score_frame(pool)
+                got, s, facts = C.guided_round(pool, scores, pool["sec"].to_numpy(), taken[i],
+                                               (b - prev) * 60 - args.startup_s, seed=j, top=args.top,
+                                               vendor_ids=vendor)
+                new_p = list(dict.fromkeys(pool.loc[got, "pid"]))[: args.miss_problems]
+                w, miss = C.space_misses(rankers[i], pool, new_p, args.top, args.op) if new_p else (0, 0)
+                taken[i][got] = True
+                spent[i] += args.startup_s + s
+                extra["problems"] += facts["problems"]
+                extra["wanted"] += w
+                extra["missing"] += miss
+                log(f"adapt round {j} fold {f.name}: {len(got)} rows of {facts['problems']} problems "
+                    f"({facts['new_problems']} new), {s:.0f} s; wanted configs without a row {miss} of {w}")
+            if all(t.all() for t in taken):
+                log(f"adapt @ {b} min: the whole pool taken: the 'all' point")
+                break
+            # Each fold's rounds were ranked by its own model (trained without its group), so its picks differ.
+            rankers = point("adapt", 0, b, float(np.mean(spent)) / 60, [t.copy() for t in taken], extra)
+            prev = b
     if "random" in args.arms:
         for seed in args.seeds:
             perm = np.random.default_rng(seed).permutation(n)
@@ -204,33 +231,6 @@ def main():
                 picked = np.zeros(n, dtype=bool)
                 picked[got] = True
                 point("random_per_problem", seed, b, (args.startup_s + s) / 60, picked, {"problems": facts["problems"]})
-    if "adapt" in args.arms:
-        vendor = list(spec.vendor_ids)
-        taken = [np.zeros(n, dtype=bool) for _ in folds]
-        spent = [0.0 for _ in folds]
-        prev = 0.0
-        for j, b in enumerate(args.budgets):
-            extra = {"problems": 0, "wanted": 0, "missing": 0, "rounds": j + 1}
-            for i, f in enumerate(folds):
-                scores = rankers[i].score_frame(pool)
-                got, s, facts = C.guided_round(pool, scores, pool["sec"].to_numpy(), taken[i],
-                                               (b - prev) * 60 - args.startup_s, seed=j, top=args.top,
-                                               vendor_ids=vendor)
-                new_p = list(dict.fromkeys(pool.loc[got, "pid"]))[: args.miss_problems]
-                w, miss = C.space_misses(rankers[i], pool, new_p, args.top, args.op) if new_p else (0, 0)
-                taken[i][got] = True
-                spent[i] += args.startup_s + s
-                extra["problems"] += facts["problems"]
-                extra["wanted"] += w
-                extra["missing"] += miss
-                log(f"adapt round {j} fold {f.name}: {len(got)} rows of {facts['problems']} problems "
-                    f"({facts['new_problems']} new), {s:.0f} s; wanted configs without a row {miss} of {w}")
-            if all(t.all() for t in taken):
-                log(f"adapt @ {b} min: the whole pool taken: the 'all' point")
-                break
-            # Each fold's rounds were ranked by its own model (trained without its group), so its picks differ.
-            rankers = point("adapt", 0, b, float(np.mean(spent)) / 60, [t.copy() for t in taken], extra)
-            prev = b
     summarize(args)
 
 
