@@ -12,9 +12,11 @@ Budgets (device-minutes) select rows from the H200's whole training pool (learni
 every family: a real campaign measures them all; a fold then drops the rows of its held-out group,
 as decision 066 dropped the rows touching evaluation families), each round or sweep charged
 --startup-s of precompile:
-- random: one seeded permutation of the pool's rows, cut where its seconds pass the budget;
-- randk ("random_per_problem"): the MoE campaign's random control: a seeded spread of problems, each
-  giving its vendor row and --top random configs of those it has, one sweep cut by the budget;
+- random (point "random_rows" in curve.csv): one seeded permutation of the pool's rows, cut where
+  its seconds pass the budget;
+- randk (point "random" in curve.csv, as decision 066 names it): the MoE campaign's random control:
+  a seeded spread of problems, each giving its vendor row and --top random configs of those it has,
+  one sweep cut by the budget;
 - adapt: rounds at the budget steps (0-2, 2-5, 5-10, ... minutes), each ranked by the fold's model of
   the previous point (learning.curve.guided_round: a seeded spread of problems, unvisited first, each
   giving its vendor row and the model's --top best rows that exist), the model retrained after each.
@@ -282,8 +284,10 @@ def summarize(args):
     seeds = pd.DataFrame(out)
     seeds.to_csv(os.path.join(args.out, "curve_seeds.csv"), index=False)
     rows = []
-    name = {"none": "none", "all_h200_rows": "all_h200_rows", "adapt": "adapt", "random": "random",
-            "random_per_problem": "random_per_problem"}
+    # Point names as the MoE curve's (decision 066): 'random' is random configs of random problems,
+    # its random control; random rows are 'random_rows'.
+    name = {"none": "none", "all_h200_rows": "all_h200_rows", "adapt": "adapt", "random": "random_rows",
+            "random_per_problem": "random"}
     for (arm, budget, gpu), g in seeds.groupby(["arm", "budget", "gpu"], sort=False):
         rows.append({"point": name[arm], "budget_minutes": budget if budget >= 0 else np.nan,
                      "device_minutes": round(g["device_minutes"].mean(), 2), "h200_rows": int(g["h200_rows"].mean()),
@@ -295,12 +299,12 @@ def summarize(args):
                      "p99_slowdown": round(g["p99_slowdown"].mean(), 4), "max_slowdown": round(g["max_slowdown"].mean(), 4),
                      "wanted_without_row": (f"{int(g['missing'].iloc[0])}/{int(g['wanted'].iloc[0])}"
                                             if g["wanted"].notna().any() and g["wanted"].iloc[0] > 0 else "")})
-    order = {"none": 0, "adapt": 1, "random": 2, "random_per_problem": 3, "all_h200_rows": 4}
+    order = {"none": 0, "adapt": 1, "random": 2, "random_rows": 3, "all_h200_rows": 4}
     curve = pd.DataFrame(rows)
     curve["_o"] = curve["point"].map(order)
     curve = curve.sort_values(["_o", "budget_minutes", "gpu"], kind="stable").drop(columns="_o")
     # The plot's x: the budget (nominal device-minutes); 'none' at 0, 'all' at what the pool cost.
-    curve["device_minutes"] = np.where(curve["point"].isin(["adapt", "random", "random_per_problem"]), curve["budget_minutes"],
+    curve["device_minutes"] = np.where(curve["point"].isin(["adapt", "random", "random_rows"]), curve["budget_minutes"],
                                        curve["device_minutes"])
     curve.loc[curve["point"] == "none", "device_minutes"] = 0.0
     curve.to_csv(os.path.join(args.out, "curve.csv"), index=False)
