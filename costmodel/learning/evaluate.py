@@ -266,30 +266,41 @@ def adaptation_rows(df: pd.DataFrame) -> pd.Series:
     return df["suite"].astype(str).str.contains(ADAPT_SUITE)
 
 
-def card_folds(df: pd.DataFrame, adapt: bool = False) -> list[Fold]:
+def card_folds(df: pd.DataFrame, adapt: bool = False, groups=None, cards=None) -> list[Fold]:
     """Leave-one-card-out, still held out by family: for each card X with evaluation shapes and each
     family F of them, test = X's evaluation shapes of F; train = the other cards' rows none of whose
     origins is in F (their evaluation shapes of other families too, as in family_folds), and none
     of X's rows: how the model does on a card it never saw. With ``adapt``, X's adaptation rows
     outside F train as well (adaptation_rows): what a few model-chosen measurements on X buy; a
     card without adaptation rows then has no fold (its figures would be the plain scheme's).
-    Fold names are 'GPU/family'."""
+    Fold names are 'GPU/family'.
+
+    ``groups`` (optional): collections of families, each held out at once in place of single
+    families (fold names 'GPU/fam1+fam2'; test = X's evaluation shapes whose family is in the group,
+    train = the rows none of whose origins is in it); ``cards`` (optional): only these held-out
+    cards. Fewer, larger folds: the adaptation curves (learning.curve) train one model per fold and
+    point."""
     fams = df["origins"].map(families_of)
     gpu = df["gpu_name"].astype(str)
     is_eval = df["eval_shape"].astype(bool)
     adapted = adaptation_rows(df)
     out = []
     for card in sorted(gpu[is_eval].unique()):
+        if cards is not None and card not in set(map(str, cards)):
+            continue
         on_card = gpu == card
         keep_card = on_card & adapted if adapt else pd.Series(False, index=df.index)
         if adapt and not keep_card.any():
             continue
         ev = df[is_eval & on_card]
-        for fam in sorted(ev["family"].astype(str).unique()):
-            test = eval_rows(ev[ev["family"].astype(str) == fam])
-            train = df[(~on_card | keep_card) & ~fams.map(lambda s: fam in s)]
+        held = ([(f,) for f in sorted(ev["family"].astype(str).unique())] if groups is None
+                else [tuple(sorted(map(str, g))) for g in groups])
+        for group in held:
+            gset = set(group)
+            test = eval_rows(ev[ev["family"].astype(str).isin(gset)])
+            train = df[(~on_card | keep_card) & ~fams.map(lambda s: bool(s & gset))]
             if len(test) and len(train):
-                out.append(Fold(f"{card}/{fam}", train, test))
+                out.append(Fold(f"{card}/{'+'.join(group)}", train, test))
     return out
 
 
@@ -329,6 +340,13 @@ def shortlisted(ev: pd.DataFrame, score: np.ndarray, keep: np.ndarray) -> np.nda
     # float64: in float32, score + 1e6 would round off-list scores to 1/16 and reorder them.
     score = np.asarray(score, dtype=np.float64)
     return np.where(keep | ~any_keep, score, score + 1e6)
+
+
+def model_scores(model, test: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(raw, ranked) scores of a fitted model on evaluation rows: the raw prediction, and the one
+    the held-out figures rank by (off-shortlist candidates last, as the runtime does)."""
+    raw = model.score_frame(test)
+    return raw, shortlisted(test, raw, model.in_shortlist(test))
 
 
 def train_on_gpus(folds: list[Fold], gpus) -> list[Fold]:
@@ -387,8 +405,8 @@ def cross_validate(df: pd.DataFrame, config: TrainConfig, scheme: str = "family"
             log(f"[{scheme} {i + 1}/{len(folds)}, {time.perf_counter() - t0:.0f} s] hold out {fold.name}: "
                 f"{fold.test['sid'].nunique()} shapes, train on {len(fold.train)} rows")
         model = CostModel(config).fit(fold.train)
-        raw = model.score_frame(fold.test)
-        scores = {"model": shortlisted(fold.test, raw, model.in_shortlist(fold.test))}
+        raw, ranked = model_scores(model, fold.test)
+        scores = {"model": ranked}
         # The raw prediction (the report plots 2**score): the shortlist offset is for ranking only.
         rows.append(fold.test[["gpu_name", "dtype", "m", "n", "k", "candidate", "p50_us"]].assign(
             score=raw, fold=fold.name))

@@ -250,7 +250,8 @@ def write_report(out_dir: str, family: pd.DataFrame | None, nk: pd.DataFrame | N
 CURVE_BEGIN = "<!-- curve:begin (generated from {path} by `costmodel results --curve`; do not edit) -->"
 CURVE_END = "<!-- curve:end -->"
 CURVE_PNG = "adaptation_curve.png"
-CURVE_ARMS = {"adapt": "model-guided (costmodel adapt)", "random": "random sampling"}
+CURVE_ARMS = {"adapt": "model-guided (costmodel adapt)", "random": "random sampling",
+              "random_rows": "random rows"}
 
 
 def read_curve(path: str) -> pd.DataFrame:
