@@ -308,8 +308,11 @@ def summarize(args):
                                        curve["device_minutes"])
     curve.loc[curve["point"] == "none", "device_minutes"] = 0.0
     curve.to_csv(os.path.join(args.out, "curve.csv"), index=False)
+    with open(os.path.join(args.out, "meta.json"), encoding="utf-8") as fh:
+        trees = json.load(fh)["train_config"]["n_estimators"]
     R.plot_curve(curve, os.path.join(args.out, "curve.png"),
-                 f"{args.op} {args.dtype} on the H200, SIMULATED from committed rows: held-out figures vs device-minutes")
+                 f"{args.op} {args.dtype} on the H200 ({trees} trees), SIMULATED from committed rows: "
+                 "held-out figures vs device-minutes")
     print(curve.to_string(index=False))
 
 
