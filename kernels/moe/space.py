@@ -78,6 +78,22 @@ MAX_EXPERTS = 512
 MAX_PAIRS = 2**31 - 1 - MAX_EXPERTS * 255
 
 
+def check_experts(p) -> None:
+    """The expert fields of an MoE problem (this op's and vLLM's layer op's): e and top_k ints,
+    1 <= top_k <= e <= MAX_EXPERTS, and m * top_k pair ids that fit int32."""
+    for name in ("e", "top_k"):
+        v = getattr(p, name)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"{name} must be an int, got {type(v).__name__}")
+    if not 1 <= p.e <= MAX_EXPERTS:
+        raise ValueError(f"e must be in 1..{MAX_EXPERTS}, got {p.e}")
+    if not 1 <= p.top_k <= p.e:
+        raise ValueError(f"top_k must be in 1..e={p.e}, got {p.top_k}")
+    if p.m * p.top_k > MAX_PAIRS:
+        raise ValueError(f"m * top_k must be <= {MAX_PAIRS} (the int32 token-expert pair ids), got "
+                         f"m={p.m}, top_k={p.top_k}")
+
+
 @dataclass(frozen=True)
 class Problem:
     """One stage of an MoE layer: M tokens, top_k of E experts each, a GEMM of N x K weights per
@@ -95,17 +111,7 @@ class Problem:
 
     def __post_init__(self):
         check_dims(self, self.DTYPES)
-        for name in ("e", "top_k"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise ValueError(f"{name} must be an int, got {type(v).__name__}")
-        if not 1 <= self.e <= MAX_EXPERTS:
-            raise ValueError(f"e must be in 1..{MAX_EXPERTS}, got {self.e}")
-        if not 1 <= self.top_k <= self.e:
-            raise ValueError(f"top_k must be in 1..e={self.e}, got {self.top_k}")
-        if self.m * self.top_k > MAX_PAIRS:
-            raise ValueError(f"m * top_k must be <= {MAX_PAIRS} (the int32 token-expert pair ids), got "
-                             f"m={self.m}, top_k={self.top_k}")
+        check_experts(self)
         if self.stage not in STAGES:
             raise ValueError(f"stage must be one of {', '.join(STAGES)}, got {self.stage!r}")
         if self.stage == "gate_up" and self.n % 2:

@@ -76,17 +76,7 @@ class Problem:
 
     def __post_init__(self):
         check_dims(self, self.DTYPES)
-        for name in ("e", "top_k"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise ValueError(f"{name} must be an int, got {type(v).__name__}")
-        if not 1 <= self.e <= MAX_EXPERTS:
-            raise ValueError(f"e must be in 1..{MAX_EXPERTS}, got {self.e}")
-        if not 1 <= self.top_k <= self.e:
-            raise ValueError(f"top_k must be in 1..e={self.e}, got {self.top_k}")
-        if self.m * self.top_k > MAX_PAIRS:
-            raise ValueError(f"m * top_k must be <= {MAX_PAIRS} (the int32 token-expert pair ids), got "
-                             f"m={self.m}, top_k={self.top_k}")
+        MS.check_experts(self)
         R.check_routing(self.routing)
 
     @property
