@@ -273,7 +273,7 @@ def test_readme_peers_block_is_regenerated_from_the_committed_run():
     text = "a\n" + P.PEERS_BEGIN + "\nstale\n" + P.PEERS_END + "\nb\n"
     new = P.rewrite_readme(text)
     assert "stale" not in new and new.startswith("a\n" + P.PEERS_BEGIN) and new.endswith(P.PEERS_END + "\nb\n")
-    assert "| h200-grown-space/heldout-bf16 | H200 | 13 | **1.075x** |" in new  # results/peers/h200-grown-space
+    assert "| h200-m4-rows/heldout-bf16 | H200 | 13 | **1.069x** |" in new  # results/peers/h200-m4-rows
     with pytest.raises(ValueError, match="no peers block"):
         P.rewrite_readme("no markers")
     readme = open("README.md", encoding="utf-8").read()
