@@ -144,6 +144,13 @@ class OpSpec:
     def fallback_rule(self) -> Callable:
         return _resolve(self.fallback)
 
+    def fallback_rule_arrays(self) -> Callable | None:
+        """The fallback rule over candidate arrays, where the rule's module has one (``<rule>_arrays``,
+        e.g. ``moe.space.choose_arrays``): the same index as the rule, called as
+        ``rule(m, n, k, sm_count, serving.candidates.CandidateArrays, **kw)``; else None."""
+        module, _, attr = self.fallback.partition(":")
+        return getattr(importlib.import_module(module), attr + "_arrays", None)
+
     def fallback_fields(self) -> tuple[str, ...]:
         """The problem fields beyond (m, n, k) that the fallback rule takes as keywords (the MoE rule:
         e, top_k, dtype), which every caller passes as ``rule(m, n, k, sm_count, cands, **kw)``."""

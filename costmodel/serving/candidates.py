@@ -5,6 +5,7 @@ whole space (``gemm.space.problem_mask``); ``check_feasible`` is its one-config 
 """
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -27,6 +28,16 @@ class _Dims(NamedTuple):
     n: int
     k: int
     dtype: str
+
+
+class CandidateArrays(NamedTuple):
+    """Some candidates of a table as arrays, what an op's array fallback rule reads (e.g.
+    ``space_common.nearest_log2``): ``tiled`` (bool), ``variant`` (str), ``params`` and ``log2``
+    ({PARAMS name: float64 array}; ``log2`` is ``math.log2(max(v, 1))``, the dict rules' own float)."""
+    tiled: np.ndarray
+    variant: np.ndarray
+    params: dict
+    log2: dict
 
 
 class CandidateTable:
@@ -59,6 +70,19 @@ class CandidateTable:
         # The dimensions were checked by the caller (runtime.check_problem): no Problem
         # validation on the cold path.
         return self._space.problem_mask(self._arrays, _Dims(int(m), int(n), int(k), self.dtype))
+
+    def candidate_arrays(self, idx) -> CandidateArrays:
+        """The candidates ``idx`` as arrays (an array fallback rule's input, ``candidate_dicts``'s
+        content). The table's own arrays are built on first use and kept: a cold decision then
+        slices them, instead of building one dict per candidate (1,250 in the vLLM spaces)."""
+        full = self.__dict__.get("_candidate_arrays")
+        if full is None:
+            variant = np.array(self.variants)
+            # math.log2 per value, not np.log2: the dict rules' floats, bit for bit.
+            log2 = {p: np.array([math.log2(max(int(v), 1)) for v in self.params[p]]) for p in PARAMS}
+            full = self._candidate_arrays = CandidateArrays(variant == "tiled", variant, self.params, log2)
+        return CandidateArrays(full.tiled[idx], full.variant[idx], {p: a[idx] for p, a in full.params.items()},
+                               {p: a[idx] for p, a in full.log2.items()})
 
     def candidate_dicts(self, idx) -> list[dict]:
         """{'variant', PARAMS...} of the given indices (the heuristic's input)."""

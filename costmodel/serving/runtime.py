@@ -793,7 +793,11 @@ class Dispatcher:
         fields = {"e": e, "top_k": top_k, "dtype": dtype, **dict(zip(self._extra_names, extra))}
         kw = {f: fields[f] for f in self._op.fallback_fields()}
         idx = np.flatnonzero(mask)
-        i = self._op.fallback_rule()(m, n, k, sm, ct.candidate_dicts(idx), **kw)
+        rule = self._op.fallback_rule_arrays()
+        if rule is not None:  # the rule over arrays: the same index, without a dict per candidate
+            i = rule(m, n, k, sm, ct.candidate_arrays(idx), **kw)
+        else:
+            i = self._op.fallback_rule()(m, n, k, sm, ct.candidate_dicts(idx), **kw)
         return [Choice(ct.ids[idx[i]], "heuristic")]
 
     def _model_scores(self, model, ct, dtype, n, k, e, top_k, extra) -> bool:
@@ -920,6 +924,8 @@ class Dispatcher:
             self._featurizer(ct)
             model = self.model_for(dt)
             if model is None:
+                if self._op.fallback_rule_arrays() is not None:  # the fallback rule's arrays, built once
+                    ct.candidate_arrays(np.zeros(0, dtype=np.int64))
                 continue
             for b in range(len(model._m_edges) + 1):
                 model.shortlist_mask(ct, model._m_edges[b] if b < len(model._m_edges) else 1 << 30)
