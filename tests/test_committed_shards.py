@@ -105,6 +105,12 @@ def _mode(name: str) -> str:
         return "variant:tiled,persistent"
     if name.startswith("dense-decode-train-"):
         return "variant:gemv"
+    # The H200's M <= 4 training rows on the rest of the training weights (benchmarks/campaigns/
+    # session-h200-a.txt): the configs benchmarks/explore/dense_decode_picks.py picked per problem.
+    if name.startswith("dense-decode-train2-fp8-"):
+        return "pick:benchmarks/campaigns/dense-decode-train2-fp8-picks.csv"
+    if name.startswith("dense-decode-train2-"):
+        return "pick:benchmarks/campaigns/dense-decode-train2-picks.csv"
     return "sample:48" if name.startswith("train-") else "all"
 
 
