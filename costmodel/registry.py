@@ -68,8 +68,8 @@ class OpSpec:
     # A numpy-only module of the op's own features (appended to the shared ones; see
     # serving.features.op_features), '' for none.
     features: str = ""
-    # The decision model's cascade at export (learning.export.write_cascade): "prefix_fraction"
-    # of the trees score every candidate, the rest the "keep" best; defaults there.
+    # The decision model's cascade at export (learning.export.write_cascade): "prefix_trees" (else
+    # "prefix_fraction" of the trees) score every candidate, the rest the "keep" best; defaults there.
     cascade: dict = field(default_factory=dict)
     # "ranker": the model scores every candidate of a Triton config space (the default); "classifier":
     # the model names the kernel itself (class names in its manifest), served by ``dispatcher``.
@@ -221,14 +221,17 @@ REGISTRY: dict[str, OpSpec] = {
                 "eval": "gemm_costmodel.kernels.fp8_blockscale.suites:eval_suite",
                 "gate": "gemm_costmodel.kernels.fp8_blockscale.suites:gate_suite"},
         baselines="gemm_costmodel.kernels.fp8_blockscale.baselines:picks",
-        # No shortlist, 300 trees of depth 8 (leave-family-out 1.010), 1% grades, no vendor margin,
-        # M = 1 trees fitted on every M (M = 1 weighted 20): docs/decisions/064-fp8bs-model-defaults.md.
-        train_defaults={"shortlist_tol": 0.0, "n_estimators": 300, "max_depth": 8, "learning_rate": 0.1,
+        # 300 trees of depth 8 (leave-family-out 1.010), 1% grades, no vendor margin, M = 1 trees
+        # fitted on every M (M = 1 weighted 20): docs/decisions/064-fp8bs-model-defaults.md. The
+        # dense op's power-of-2-of-M shortlist at 3% (issue 58: a cold decision scores ~77 of ~295
+        # feasible candidates; the trees do not depend on it): docs/dispatch-latency.md.
+        train_defaults={"shortlist_tol": 1.03, "n_estimators": 300, "max_depth": 8, "learning_rate": 0.1,
                         "rank_step": 1.01, "split_m": 1, "split_high_rows": "all",
-                        "split_low_rows": "all", "split_low_weight": 20.0},
-        # 48 kept: the miss left at 48 is within 2% of the whole model's pick, and each 8 more kept
-        # rows cost the suffix's 240 trees (docs/decisions/064-fp8bs-model-defaults.md).
-        cascade={"keep": 48}, torch_op="gemm_costmodel.kernels.fp8_blockscale.torch_op",
+                        "split_low_rows": "all", "split_low_weight": 20.0,
+                        "shortlist_edges": (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)},
+        # A 40-tree prefix, 24 kept: the same picks as 60/48 on every evaluation problem of both
+        # cards (issue 58, benchmarks/explore/cascade_quality.py; docs/dispatch-latency.md).
+        cascade={"keep": 24, "prefix_trees": 40}, torch_op="gemm_costmodel.kernels.fp8_blockscale.torch_op",
         # The M = 1 GEMV's best config follows the power-of-two part of N and K; held-out match
         # 87.9% -> 89.0% (docs/decisions/064-fp8bs-model-defaults.md).
         extra_features=("log2_n_pow2", "log2_k_pow2"),
@@ -252,13 +255,18 @@ REGISTRY: dict[str, OpSpec] = {
                         "log2_t_waves_real_us", "gemv_log2_programs", "gemv_k_steps", "gemv_acc_per_thread",
                         "gemv_log2_occupancy", "gemv_waves", "gemv_log2_inflight_kb", "gemv_log2_serial_steps"),
         baselines="gemm_costmodel.kernels.moe.baselines:picks",
-        # 300 trees at eta 0.1, no shortlist (few training shapes), 1% grades, decode queries (M <= 4)
-        # weighted 4 with trees of their own: docs/decisions/065-moe-model-defaults.md.
-        train_defaults={"shortlist_tol": 0.0, "n_estimators": 300, "learning_rate": 0.1, "rank_step": 1.01,
-                        "decode_weight": 4, "split_m": 4},
-        # 64 kept: 1 miss in 676 problems, and a MoE decision is cached per layer shape, so the
-        # extra suffix scoring is cheap (docs/decisions/065-moe-model-defaults.md).
-        cascade={"keep": 64}, torch_op="gemm_costmodel.kernels.moe.torch_op",
+        # 300 trees at eta 0.1, 1% grades, decode queries (M <= 4) weighted 4 with trees of their own:
+        # docs/decisions/065-moe-model-defaults.md. The dense op's power-of-2-of-M shortlist at 3%
+        # (issue 58: a cold decision scores ~112 of ~214 bf16 candidates, ~83 of ~144 fp8; the trees do
+        # not depend on it): docs/dispatch-latency.md.
+        train_defaults={"shortlist_tol": 1.03, "n_estimators": 300, "learning_rate": 0.1, "rank_step": 1.01,
+                        "decode_weight": 4, "split_m": 4,
+                        "shortlist_edges": (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)},
+        # A 30-tree prefix, 48 kept (was 60 and 64: 1 miss in 676 problems,
+        # docs/decisions/065-moe-model-defaults.md): with the shortlist, the whole model's pick on 631
+        # of the 632 evaluation problems of both cards, geomean slowdown within 0.00003 (issue 58,
+        # benchmarks/explore/cascade_quality.py; docs/dispatch-latency.md).
+        cascade={"keep": 48, "prefix_trees": 30}, torch_op="gemm_costmodel.kernels.moe.torch_op",
         columns={"e": ("int", "experts (1 for dense)", 1), "top_k": ("int", "experts per token (1 for dense)", 1),
                  "stage": ("str", "the op's stage ('' for one-stage ops; moe: gate_up or down)", ""),
                  "routing": ("str", "routing id of an MoE problem (kernels/moe/routing.py; '' for dense)", ""),

@@ -175,19 +175,23 @@ def test_cascade_parts_sum_to_the_model(exported, formulation):
     runtime-built rows; the manifest names both files with their sizes and digests."""
     _, onnx_path, man = exported[formulation]
     cas = man["cascade"]
-    # The dense op's registry entry keeps 32, the MoE op's 64, fp8_blockscale's 48 (the default,
-    # X.CASCADE_KEEP, is 32); each shipped manifest carries its op's.
+    # The dense op's registry entry keeps 16, the MoE op's 48 of a 30-tree prefix, fp8_blockscale's
+    # 24 of a 40-tree prefix (the defaults, X.CASCADE_KEEP and X.CASCADE_PREFIX_FRACTION, are 32 and 0.2); each
+    # shipped manifest carries its op's.
     from gemm_costmodel import registry
 
     assert (cas["trees"], cas["prefix_trees"], cas["keep"]) == (20, 4, registry.get("gemm").cascade["keep"])
-    assert registry.get("moe").cascade["keep"] == 64
-    assert registry.get("fp8_blockscale").cascade["keep"] == 48 and X.CASCADE_KEEP == 32
+    assert registry.get("moe").cascade == {"keep": 48, "prefix_trees": 30}
+    assert registry.get("fp8_blockscale").cascade == {"keep": 24, "prefix_trees": 40} and X.CASCADE_KEEP == 32
     import json
 
     for op in ("gemm", "moe", "fp8_blockscale"):
         with open(os.path.join("models", f"{op}-sm90.json"), encoding="utf-8") as fh:
-            shipped = json.load(fh)["cascade"]["keep"]
-        assert shipped == registry.get(op).cascade.get("keep", X.CASCADE_KEEP), op
+            shipped = json.load(fh)["cascade"]
+        opts = registry.get(op).cascade
+        assert shipped["keep"] == opts.get("keep", X.CASCADE_KEEP), op
+        assert shipped["prefix_trees"] == opts.get(
+            "prefix_trees", round(shipped["trees"] * opts.get("prefix_fraction", X.CASCADE_PREFIX_FRACTION))), op
     d = os.path.dirname(onnx_path)
     rows = random_rows(seed=3, shapes=12)
     parts = []

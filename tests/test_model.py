@@ -545,7 +545,10 @@ def test_cli_shortlist_edges_from_the_op_then_the_command_line():
     fine = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
     assert _train_config(build_parser().parse_args(["train"])).shortlist_edges == fine
     assert _train_config(build_parser().parse_args(["train"])).shortlist_tol == 1.03
-    assert _train_config(build_parser().parse_args(["train", "--op", "moe"])).shortlist_edges == SHORTLIST_EDGES
+    # MoE and fp8_blockscale take the dense op's edges too (issue 58); grouped_gemm the defaults.
+    assert _train_config(build_parser().parse_args(["train", "--op", "moe"])).shortlist_edges == fine
+    assert _train_config(build_parser().parse_args(["train", "--op", "fp8_blockscale"])).shortlist_tol == 1.03
+    assert _train_config(build_parser().parse_args(["train", "--op", "grouped_gemm"])).shortlist_edges == SHORTLIST_EDGES
     args = build_parser().parse_args(["train", "--shortlist-edges", "4,64"])
     assert _train_config(args).shortlist_edges == (4, 64)
     with pytest.raises(SystemExit):  # argparse names the option

@@ -227,6 +227,7 @@ def export(model, out_dir: str, op: str, dtypes: list[str], arch: str, space_has
         from gemm_costmodel import registry
 
         opts = registry.get(op).cascade
-        write_cascade(stem + ".onnx", stem + ".json", keep=opts.get("keep", CASCADE_KEEP),
+        write_cascade(stem + ".onnx", stem + ".json", prefix_trees=opts.get("prefix_trees"),
+                      keep=opts.get("keep", CASCADE_KEEP),
                       prefix_fraction=opts.get("prefix_fraction", CASCADE_PREFIX_FRACTION))
     return stem + ".onnx", stem + ".json"
