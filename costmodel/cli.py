@@ -60,9 +60,12 @@ def _shapes_from_args(args):
         listed = S.read_shape_csv(args.only)
         # Columns of the ops' own string fields narrow it further (an MoE re-measure of one stage:
         # the shape keys of two stages can coincide, e.g. a down N x K and a gate_up 2I x K).
-        cols, values = _only_fields(args.only)
-        wanted = {(s.m, s.n, s.k, s.dtype, *v) for s, v in zip(listed, values)}
-        out = [s for s in out if (s.m, s.n, s.k, s.dtype, *(str(getattr(s, c, "")) for c in cols)) in wanted]
+        cols, values, has_dtype = _only_fields(args.only)
+        # A list without a dtype column names shapes of every selected dtype: read as bf16 it
+        # matched nothing of an fp8 sweep (the H200's fp8 decode rows, issue 63).
+        dt = (lambda s: s.dtype) if has_dtype else (lambda s: "")
+        wanted = {(s.m, s.n, s.k, dt(s), *v) for s, v in zip(listed, values)}
+        out = [s for s in out if (s.m, s.n, s.k, dt(s), *(str(getattr(s, c, "")) for c in cols)) in wanted]
         if not out:
             raise ValueError(f"{args.only}: none of its shapes is in the selected suite and dtypes")
     if args.limit:
@@ -70,9 +73,10 @@ def _shapes_from_args(args):
     return out
 
 
-def _only_fields(path: str) -> tuple[list[str], list[tuple]]:
-    """(columns, their values row by row: read_shape_csv's rows) of an --only CSV's columns that
-    name an op's string problem field (registry.str_columns(), e.g. MoE's stage)."""
+def _only_fields(path: str) -> tuple[list[str], list[tuple], bool]:
+    """(columns, their values row by row: read_shape_csv's rows, whether it has a dtype column) of
+    an --only CSV's columns that name an op's string problem field (registry.str_columns(), e.g.
+    MoE's stage)."""
     import csv
 
     from gemm_costmodel import registry
@@ -81,7 +85,7 @@ def _only_fields(path: str) -> tuple[list[str], list[tuple]]:
         reader = csv.DictReader(fh)
         have = {c.strip().lower(): c for c in (reader.fieldnames or [])}
         cols = [c for c in registry.str_columns() if c in have]
-        return cols, [tuple(r[have[c]].strip() for c in cols) for r in reader]
+        return cols, [tuple(r[have[c]].strip() for c in cols) for r in reader], "dtype" in have
 
 
 def cmd_bench(args) -> int:

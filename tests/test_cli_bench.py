@@ -40,6 +40,23 @@ def test_only_with_a_stage_column_keeps_only_those_stages(tmp_path):
     assert {s.stage for s in both} == {"down", "gate_up"}
 
 
+def test_only_without_a_dtype_column_selects_every_listed_dtype(tmp_path):
+    """An --only list of M, N, K alone names the shapes in each dtype the sweep selects (it was read
+    as bf16, so an fp8 sweep of it stopped with 'none of its shapes')."""
+    fp8 = GS.training_suite("fp8")
+    a = next(s for s in fp8 if s.m == 1)
+    csv = tmp_path / "m1.csv"
+    csv.write_text(f"M,N,K\n{a.m},{a.n},{a.k}\n")
+    got = _shapes_from_args(_args(["--suite", "train", "--dtype", "fp8", "--only", str(csv)]))
+    assert {(s.m, s.n, s.k, s.dtype) for s in got} == {(a.m, a.n, a.k, "fp8")}
+    both = _shapes_from_args(_args(["--suite", "train", "--dtype", "bf16", "fp8", "--only", str(csv)]))
+    assert {s.dtype for s in both} <= {"bf16", "fp8"} and "fp8" in {s.dtype for s in both}
+    # With a dtype column the list names that dtype only.
+    csv.write_text(f"M,N,K,dtype\n{a.m},{a.n},{a.k},bf16\n")
+    only_bf16 = _shapes_from_args(_args(["--suite", "train", "--dtype", "bf16", "fp8", "--only", str(csv)]))
+    assert {s.dtype for s in only_bf16} <= {"bf16"}
+
+
 def test_only_with_no_suite_shape_fails_with_one_line(tmp_path, capsys):
     csv = tmp_path / "none.csv"
     csv.write_text("M,N,K\n7,4096,17\n")
