@@ -47,6 +47,7 @@ def main() -> None:
     ap.add_argument("--method", default="model")
     ap.add_argument("--vs", default=None, help="a second results CSV: adds the geomean difference (this - that)")
     ap.add_argument("--markdown", action="store_true", help="print a markdown table")
+    ap.add_argument("--out", default=None, help="also write the table (unrounded) to this CSV")
     args = ap.parse_args()
     t = table(args.csv, args.method)
     keys = ["card", "dtype", "stage", "routing"]
@@ -55,6 +56,8 @@ def main() -> None:
         t = t.merge(v, on=keys, how="left")
         t["d_geomean"] = t["geomean"] - t["vs"]
         t = t.drop(columns="vs")
+    if args.out:
+        t.to_csv(args.out, index=False)
     fmt = {"geomean": "{:.4f}", "within_2pct": "{:.1%}", "max": "{:.3f}", "d_geomean": "{:+.4f}"}
     shown = t.copy()
     for c, f in fmt.items():
