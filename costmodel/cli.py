@@ -363,7 +363,9 @@ def _train_config(args):
                        split_m=pick("split_m", "split_m"),
                        split_high_rows=pick("split_high_rows", "split_high_rows"),
                        split_low_rows=pick("split_low_rows", "split_low_rows"),
-                       split_low_weight=pick("split_low_weight", "split_low_weight"))
+                       split_low_weight=pick("split_low_weight", "split_low_weight"),
+                       weight_gpu=pick("weight_gpu", "weight_gpu"),
+                       gpu_weight=pick("gpu_weight", "gpu_weight"))
 
 
 def _stage(args, what: str) -> None:
@@ -387,13 +389,18 @@ def _load_frame(args):
 
 def _config_and_frame(args):
     """(TrainConfig, data frame, 0) from the shared model options, or (None, None, exit code) after a
-    one-line error (bad hyperparameters, missing file, wrong schema, no rows)."""
+    one-line error (bad hyperparameters, missing file, wrong schema, no rows, a --weight-gpu that no
+    row was measured on: matched exactly, it would weigh nothing)."""
     from gemm_costmodel.data.dataset import DataError
 
     try:
-        return _train_config(args), _load_frame(args), 0
+        cfg, df = _train_config(args), _load_frame(args)
     except (DataError, OSError, ValueError) as exc:
         return None, None, _fail(str(exc))
+    if cfg.weight_gpu and cfg.weight_gpu not in set(df["gpu_name"].astype(str)):
+        return None, None, _fail(f"--weight-gpu {cfg.weight_gpu!r}: no row of that gpu_name (the data's: "
+                                 + ", ".join(sorted(set(df["gpu_name"].astype(str)))) + ")")
+    return cfg, df, 0
 
 
 def _save_booster(model, df, path: str) -> None:
@@ -996,6 +1003,12 @@ def _model_args(p, report: bool = False, train: bool = False) -> None:
     p.add_argument("--split-low-weight", type=float, default=None,
                    help="with --split-low-rows all: the weight factor of the M <= split-m queries (default: "
                         "the op's registry value, else 1)")
+    p.add_argument("--weight-gpu", default=None, metavar="GPU_NAME",
+                   help="the card (a gpu_name of the rows, exactly) whose ranking queries --gpu-weight weighs "
+                        "(default: the op's registry value, else none)")
+    p.add_argument("--gpu-weight", type=float, default=None,
+                   help="weight factor of --weight-gpu's queries, on top of --eval-weight and --decode-weight "
+                        "(default: the op's registry value, else 1)")
     p.add_argument("--jobs", type=int, default=2, help="xgboost threads")
     p.add_argument("--seed", type=int, default=0)
     if report:

@@ -405,3 +405,11 @@ def test_select_moe_stage_needs_its_fields(capsys):
     assert "needs the problem field 'stage'" in capsys.readouterr().err
     assert cli_main(["select", "16", "1536", "2048", "--stage", "down"]) == 2
     assert "op gemm has no problem field 'stage'" in capsys.readouterr().err
+
+
+def test_weight_gpu_naming_no_row_of_the_data_is_an_error(tmp_path):
+    # Matched exactly against gpu_name, a misspelt card would weigh nothing: one line, exit 2, no model.
+    rc, out, err = quiet(["train", "--data", *FP8, *SMALL, "--weight-gpu", "H200", "--gpu-weight", "3",
+                          "--out", str(tmp_path / "m")])
+    assert rc == 2 and "--weight-gpu 'H200': no row of that gpu_name" in err
+    assert not list(tmp_path.rglob("*.onnx"))

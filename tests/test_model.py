@@ -497,6 +497,19 @@ def test_cli_split_m_from_the_op_then_the_command_line():
             _train_config(build_parser().parse_args(["train"])).split_low_weight) == ("low", 1.0)
 
 
+def test_cli_weight_gpu_from_the_op_then_the_command_line():
+    from gemm_costmodel.cli import _train_config, build_parser
+
+    for cmd in ("train", "evaluate", "run"):
+        cfg = _train_config(build_parser().parse_args([cmd, "--op", "gemm"]))
+        assert (cfg.weight_gpu, cfg.gpu_weight) == ("", 1.0)
+        cfg = _train_config(build_parser().parse_args([cmd, "--op", "gemm", "--weight-gpu", "NVIDIA H200",
+                                                       "--gpu-weight", "2.5"]))
+        assert (cfg.weight_gpu, cfg.gpu_weight) == ("NVIDIA H200", 2.5)
+    with pytest.raises(ValueError, match="gpu_weight"):
+        _train_config(build_parser().parse_args(["train", "--gpu-weight", "0"]))
+
+
 def test_gate_boosters_rejects_mismatched_boosters(fp8):
     from gemm_costmodel.learning.model import gate_boosters
 
