@@ -85,6 +85,9 @@ def _mode(name: str) -> str:
         return "variant:gemv"
     if name.startswith("fp8bs-train-"):
         return "sample:40"
+    # The fp8bs MoE training rows (benchmarks/campaigns/moe-fp8bs-h200.txt) sample 8 configs a problem.
+    if name.startswith("moe-train-fp8bs-"):
+        return "sample:8"
     # train_skewed (moe-trainskewed-*) samples as the MoE train suite does.
     if name.startswith(("moe-train-", "moe-trainskewed-")):
         return "sample:24"
@@ -105,6 +108,9 @@ def _mode(name: str) -> str:
         return "variant:tiled,persistent"
     if name.startswith("dense-decode-train-"):
         return "variant:gemv"
+    # The M = 1 ceiling on the training weights of 60-95 MB (benchmarks/campaigns/session-h200-c.txt).
+    if name.startswith("decode64-"):
+        return "variant:gemv,swapab_tma"
     # The H200's M <= 4 training rows on the rest of the training weights (benchmarks/campaigns/
     # session-h200-a.txt): the configs benchmarks/explore/dense_decode_picks.py picked per problem.
     if name.startswith("dense-decode-train2-fp8-"):
