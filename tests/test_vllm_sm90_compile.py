@@ -14,16 +14,24 @@ meets too). The space still offers them (a GPU sweep records them as compile_err
 pins the failure so that a Triton upgrade that fixes it shows. Skipped, saying why, without a vLLM
 source or a Triton with the CUDA backend. ``python tests/test_vllm_sm90_compile.py DTYPE`` compiles
 every config of the space for the gate suite's compile keys of DTYPE (minutes) and prints failures.
+
+vLLM's w8a8 block-fp8 linear kernel (op ``vllm_w8a8_block``) is compiled the same way, through its
+own launch path (``impl.make_operands``, ``Operands.run``: one launch per config). Every config of
+its fp8 space compiles for sm90 under Triton 3.6.0 on each compile key of its gate, eval_core and
+train suites (M, N and K off every multiple of 16 included), so nothing is pinned for it;
+``python tests/test_vllm_sm90_compile.py vllm_w8a8_block`` repeats that sweep (~1 minute a key).
+The representative configs also compile to a cubin (``compile_ttgir(..., until="cubin")``), and the
+space's largest pipelines (its static shared-memory rule's 192-200 KiB) ask Triton for at most
+205,824 B of shared memory (``until="llir"``, metadata "shared"), under sm90's 232,448 B.
 """
 from __future__ import annotations
 
 import contextlib
-import importlib.util
-import sys
-
+import dataclasses
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -32,6 +40,9 @@ from gemm_costmodel.kernels.moe import vllm_kernels as VK
 from gemm_costmodel.kernels.vllm import source
 from gemm_costmodel.kernels.vllm_moe import impl, space
 from gemm_costmodel.kernels.vllm_moe.space import Problem, VllmMoeConfig
+from gemm_costmodel.kernels.vllm_w8a8_block import impl as block_impl
+from gemm_costmodel.kernels.vllm_w8a8_block import space as block_space
+from gemm_costmodel.kernels.vllm_w8a8_block.space import VllmBlockConfig
 
 SRC, WHY = source.find_source()
 
@@ -69,8 +80,8 @@ class _Sm90Driver:
 
 
 @contextlib.contextmanager
-def _recording():
-    """Launches of vLLM's fused_moe_kernel recorded, not compiled nor run: [(JITFunction, its
+def _recording(kernel: str):
+    """Launches of vLLM's kernel named ``kernel`` recorded, not compiled nor run: [(JITFunction, its
     compile arguments)]. Every other Triton launch (the project's align, silu-and-mul, fp8
     quantisation) is skipped too: only the sizes of their outputs reach vLLM's kernel."""
     from triton import knobs
@@ -79,7 +90,7 @@ def _recording():
     got = []
 
     def hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled):
-        if fn.name == VK.MOE_KERNEL:
+        if fn.name == kernel:
             got.append((fn.jit_function, compile))
         return True  # skip compiling (and so launching)
 
@@ -100,16 +111,18 @@ def sm90_launches(problem: Problem, cfg: VllmMoeConfig, ops=None) -> list:
         ops = impl.make_operands(problem, "cpu", torch.Generator().manual_seed(0))
     fp8 = problem.dtype in space.FP8_DTYPES
     swap = fp8 and VK.enable_swap_ab(cfg.block_m, cfg.block_n, (9, 0))
-    with _recording() as got:
+    with _recording(VK.MOE_KERNEL) as got:
         VK.fused_experts(mod, ops.x, ops.w1, ops.w2, ops.topk_weights, ops.topk_ids, space.to_vllm(cfg),
                          w1_scale=ops.w1_scale, w2_scale=ops.w2_scale, a1_scale=ops.a1_scale,
                          a2_scale=ops.a2_scale, swap_ab=swap, out=ops.out)
     return got
 
 
-def compile_ttgir(jit_fn, args) -> None:
-    """Compile one recorded launch for sm90 through TTGIR (the layout passes); raises Triton's
-    error (RuntimeError 'PassManager::run failed') when a pass fails."""
+def compile_ttgir(jit_fn, args, until: str = "ttgir") -> dict:
+    """Compile one recorded launch for sm90 through TTGIR (the layout passes; ``until`` a later
+    stage, "cubin" for all of them with Triton's ptxas); raises Triton's error (RuntimeError
+    'PassManager::run failed') when a pass fails. Returns the compile's metadata (from "llir" on,
+    its "shared": the bytes of shared memory a launch needs)."""
     from triton._C.libtriton import ir
     from triton.compiler import ASTSource, make_backend
 
@@ -127,14 +140,33 @@ def compile_ttgir(jit_fn, args) -> None:
     meta = {"hash": "sm90-check", "target": target, **opts.__dict__}
     for ext, stage in stages.items():
         mod = stage(mod, meta)
-        if ext == "ttgir":
-            return
+        if ext == until:
+            return meta
 
 
-def compiles(problem: Problem, cfg: VllmMoeConfig, ops=None) -> list[str]:
-    """'' per launch that compiles, else Triton's error (first line)."""
+def block_sm90_launches(problem: block_space.Problem, cfg: VllmBlockConfig, ops=None) -> list:
+    """The op ``vllm_w8a8_block``'s one launch of vLLM's kernel, through the op's own path
+    (``impl.make_operands``, ``Operands.run``: vLLM's grid, strides and block size [128, 128])."""
+    if ops is None:
+        ops = block_impl.make_operands(problem, "cpu", torch.Generator().manual_seed(0))
+    with _recording(VK.BLOCK_FP8_KERNEL) as got:
+        ops.run(cfg)
+    return got
+
+
+# Each op: its Problem, its config ids' parser and its recorded launches.
+OPS = {"vllm_moe": (Problem, space.config_from_id, sm90_launches),
+       "vllm_w8a8_block": (block_space.Problem, block_space.config_from_id, block_sm90_launches)}
+
+
+def _op_of(problem) -> str:
+    return next(name for name, (cls, _, _) in OPS.items() if type(problem) is cls)
+
+
+def compiles(problem, cfg, ops=None) -> list[str]:
+    """'' per launch (of either op) that compiles, else Triton's error (first line)."""
     out = []
-    for fn, args in sm90_launches(problem, cfg, ops):
+    for fn, args in OPS[_op_of(problem)][2](problem, cfg, ops):
         try:
             compile_ttgir(fn, args)
             out.append("")
@@ -175,9 +207,33 @@ LAYOUT_BUG = [(p, VllmMoeConfig(256, n, k, g, 4, s)) for p in (SORTED_ODD, SORTE
               for n, k, g, s in ((64, 64, 1, 3), (128, 128, 16, 2))]
 LAYOUT_BUG += [(Problem(2, 333, 517, "fp8bs", 2, 2), VllmMoeConfig(256, 256, 128, 1, 4, 3))]
 
+# vllm_w8a8_block (fp8): compile keys of its gate suite (``block_space.probe_problem``) with M, N and K
+# off every multiple of 16 (N = K = 1000's), all three multiples of 16 and ceil(K / 128) too (the train
+# suite's K = 2048), and M = 1 with K one scale group (N = 7168, K = 128).
+BLOCK_ODD = block_space.Problem(17, 17, 255, "fp8")
+BLOCK_ALIGNED = block_space.Problem(16, 16, 2048, "fp8")
+BLOCK_DECODE = block_space.Problem(1, 16, 128, "fp8")
+# (problem, config) that compile: vLLM's default, the tile extremes (the largest tiles within shared
+# memory), both BLOCK_SIZE_K, both warp counts, 2 to 5 stages, every GROUP_SIZE_M.
+BLOCK_REPRESENTATIVE = [
+    (BLOCK_ODD, block_space.vllm_default()),
+    (BLOCK_ODD, VllmBlockConfig(16, 32, 64, 1, 4, 5)),
+    (BLOCK_ODD, VllmBlockConfig(256, 256, 128, 64, 8, 3)),
+    (BLOCK_ODD, VllmBlockConfig(256, 128, 64, 16, 4, 4)),
+    (BLOCK_ODD, VllmBlockConfig(128, 256, 128, 32, 4, 2)),
+    (BLOCK_ALIGNED, VllmBlockConfig(256, 256, 128, 1, 4, 3)),
+    (BLOCK_ALIGNED, VllmBlockConfig(32, 64, 64, 16, 8, 5)),
+    (BLOCK_DECODE, VllmBlockConfig(16, 128, 128, 1, 4, 5)),
+]
 
-def _case(p: Problem, cfg: VllmMoeConfig) -> list:
-    return [[p.m, p.n, p.k, p.dtype, p.e, p.top_k, p.routing], cfg.id]
+
+def _case(p, cfg) -> list:
+    return [_op_of(p), [getattr(p, f.name) for f in dataclasses.fields(p)], cfg.id]
+
+
+def _from_case(op: str, fields: list, cid: str) -> tuple:
+    cls, config_from_id, _ = OPS[op]
+    return cls(*fields), config_from_id(cid)
 
 
 def compile_in_child(cases) -> list[list[str]]:
@@ -192,7 +248,7 @@ def compile_in_child(cases) -> list[list[str]]:
 
 @pytest.fixture(scope="module")
 def results():
-    cases = REPRESENTATIVE + LAYOUT_BUG
+    cases = REPRESENTATIVE + LAYOUT_BUG + BLOCK_REPRESENTATIVE
     return dict(zip(map(str, cases), compile_in_child(cases)))
 
 
@@ -212,6 +268,13 @@ def test_triton_36_cannot_compile_the_layout_bug_configs(case, results):
     assert any("PassManager::run failed" in r for r in results[str(case)])
 
 
+@pytest.mark.parametrize("case", BLOCK_REPRESENTATIVE, ids=[f"{p.key}-{c.id}" for p, c in BLOCK_REPRESENTATIVE])
+def test_representative_w8a8_block_configs_compile_for_sm90(case, results):
+    problem, cfg = case
+    assert cfg in block_space.feasible_configs(problem, include_vendor=False), "a config the space leaves out"
+    assert results[str(case)] == [""], "vLLM's block-fp8 linear launch must compile"
+
+
 def _sweep(dtype: str) -> None:
     """Compile every config of the space for each compile key of the gate suite (and the per-pair
     twin of each), printing the launches that fail."""
@@ -220,9 +283,26 @@ def _sweep(dtype: str) -> None:
     keys = {}
     for s in suites.gate_suite(dtype):
         keys.setdefault(space.specialisation(s.problem), space.probe_problem(s.problem))
-    for p in keys.values():
-        ops = impl.make_operands(p, "cpu", torch.Generator().manual_seed(0))
-        cfgs = space.feasible_configs(p, include_vendor=False)
+    _sweep_keys(space, impl, keys.values())
+
+
+def _block_sweep(dtype: str) -> None:
+    """vllm_w8a8_block's ``_sweep``: every config of its space on each compile key of its gate,
+    eval_core and train suites (12 keys for fp8; ~1 minute a key)."""
+    from gemm_costmodel.kernels.vllm_w8a8_block import suites
+
+    keys = {}
+    for name in ("gate", "eval_core", "train"):
+        for s in suites.SUITES[name](dtype):
+            p = block_space.Problem(s.m, s.n, s.k, s.dtype)
+            keys.setdefault(block_space.specialisation(p), block_space.probe_problem(p))
+    _sweep_keys(block_space, block_impl, keys.values())
+
+
+def _sweep_keys(space_mod, impl_mod, problems) -> None:
+    for p in problems:
+        ops = impl_mod.make_operands(p, "cpu", torch.Generator().manual_seed(0))
+        cfgs = space_mod.feasible_configs(p, include_vendor=False)
         bad = [(c.id, r) for c in cfgs for r in compiles(p, c, ops) if r]
         print(p.key, len(cfgs), "configs,", len(bad), "failing launches", bad[:5], flush=True)
 
@@ -231,8 +311,10 @@ if __name__ == "__main__":
     if sys.argv[1] == "--cases":
         out = []
         with contextlib.redirect_stdout(sys.stderr):  # MLIR's dumps go to stderr; the answer to stdout
-            for (fields, cid) in json.loads(sys.argv[2]):
-                out.append(compiles(Problem(*fields), space.config_from_id(cid)))
+            for case in json.loads(sys.argv[2]):
+                out.append(compiles(*_from_case(*case)))
         print(json.dumps(out))
+    elif sys.argv[1] == "vllm_w8a8_block":
+        _block_sweep(sys.argv[2] if len(sys.argv) > 2 else "fp8")
     else:
         _sweep(sys.argv[1])
