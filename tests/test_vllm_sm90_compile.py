@@ -2,7 +2,8 @@
 MLIR passes without a GPU when given the target, so configs that Triton cannot compile are found here,
 not in a GPU sweep. Each launch goes through the op's own path (``impl.make_operands``,
 ``vllm_kernels.fused_experts``, vLLM's SWAP_AB rule for compute capability 9.0) with a stand-in
-driver that reports an sm90 target and a compile hook that records the launch's signature,
+driver that reports an sm90 target and a compile hook (tests/sm90_compile.py, shared with the other ops'
+sm90 compile tests) that records the launch's signature,
 constexprs and specialisation instead of launching; the record is compiled to TTGIR (where the
 layout passes run), which takes ~50 ms a launch.
 
@@ -29,8 +30,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
-import subprocess
 import sys
 
 import pytest
@@ -43,65 +42,15 @@ from gemm_costmodel.kernels.vllm_moe.space import Problem, VllmMoeConfig
 from gemm_costmodel.kernels.vllm_w8a8_block import impl as block_impl
 from gemm_costmodel.kernels.vllm_w8a8_block import space as block_space
 from gemm_costmodel.kernels.vllm_w8a8_block.space import VllmBlockConfig
+from sm90_compile import NO_BACKEND_REASON, compile_ttgir, first_line, recording, run_child
 
 SRC, WHY = source.find_source()
 
 
-def _no_cuda_backend() -> str:
-    try:
-        from triton.backends import backends
-        from triton.backends.compiler import GPUTarget  # noqa: F401
-    except ImportError as exc:  # pragma: no cover - triton is a dependency
-        return f"no Triton compiler ({exc})"
-    return "" if "nvidia" in backends else "this Triton has no CUDA backend (needed to compile for sm90)"
-
-
-NO_BACKEND = _no_cuda_backend()
+NO_BACKEND = NO_BACKEND_REASON
 pytestmark = [pytest.mark.skipif(SRC is None, reason=WHY or "no vLLM source"),
               pytest.mark.skipif(bool(NO_BACKEND), reason=NO_BACKEND)]
-
-
-class _Sm90Driver:
-    """Triton's driver stand-in: an sm90 CUDA device, without one."""
-
-    def __init__(self):
-        from triton.backends.compiler import GPUTarget
-
-        self.target = GPUTarget("cuda", 90, 32)
-
-    def get_current_target(self):
-        return self.target
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
-
-
-@contextlib.contextmanager
-def _recording(kernel: str):
-    """Launches of vLLM's kernel named ``kernel`` recorded, not compiled nor run: [(JITFunction, its
-    compile arguments)]. Every other Triton launch (the project's align, silu-and-mul, fp8
-    quantisation) is skipped too: only the sizes of their outputs reach vLLM's kernel."""
-    from triton import knobs
-    from triton.runtime import driver
-
-    got = []
-
-    def hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled):
-        if fn.name == kernel:
-            got.append((fn.jit_function, compile))
-        return True  # skip compiling (and so launching)
-
-    old_active = driver._active
-    driver.set_active(_Sm90Driver())
-    try:
-        with knobs.runtime.scope():
-            knobs.runtime.jit_cache_hook = hook
-            yield got
-    finally:
-        driver._active = old_active
+_recording = recording
 
 
 def sm90_launches(problem: Problem, cfg: VllmMoeConfig, ops=None) -> list:
@@ -116,32 +65,6 @@ def sm90_launches(problem: Problem, cfg: VllmMoeConfig, ops=None) -> list:
                          w1_scale=ops.w1_scale, w2_scale=ops.w2_scale, a1_scale=ops.a1_scale,
                          a2_scale=ops.a2_scale, swap_ab=swap, out=ops.out)
     return got
-
-
-def compile_ttgir(jit_fn, args, until: str = "ttgir") -> dict:
-    """Compile one recorded launch for sm90 through TTGIR (the layout passes; ``until`` a later
-    stage, "cubin" for all of them with Triton's ptxas); raises Triton's error (RuntimeError
-    'PassManager::run failed') when a pass fails. Returns the compile's metadata (from "llir" on,
-    its "shared": the bytes of shared memory a launch needs)."""
-    from triton._C.libtriton import ir
-    from triton.compiler import ASTSource, make_backend
-
-    target = _Sm90Driver().target
-    src = ASTSource(jit_fn, args["signature"], args["constants"], args["configs"][0])
-    backend = make_backend(target)
-    opts = backend.parse_options({k: args[k] for k in ("num_warps", "num_ctas", "num_stages", "enable_fp_fusion",
-                                                        "launch_cooperative_grid")})
-    stages: dict = {}
-    backend.add_stages(stages, opts, src.language)
-    ctx = ir.context()
-    ir.load_dialects(ctx)
-    backend.load_dialects(ctx)
-    mod = src.make_ir(target, opts, backend.get_codegen_implementation(opts), backend.get_module_map(), ctx)
-    meta = {"hash": "sm90-check", "target": target, **opts.__dict__}
-    for ext, stage in stages.items():
-        mod = stage(mod, meta)
-        if ext == until:
-            return meta
 
 
 def block_sm90_launches(problem: block_space.Problem, cfg: VllmBlockConfig, ops=None) -> list:
@@ -171,7 +94,7 @@ def compiles(problem, cfg, ops=None) -> list[str]:
             compile_ttgir(fn, args)
             out.append("")
         except RuntimeError as exc:
-            out.append(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            out.append(first_line(exc))
     return out
 
 
@@ -239,11 +162,7 @@ def _from_case(op: str, fields: list, cid: str) -> tuple:
 def compile_in_child(cases) -> list[list[str]]:
     """``compiles`` of each (problem, config) in a child process: the CPU suite runs under
     TRITON_INTERPRET=1, whose triton.language helpers cannot be compiled in the same process."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, __file__, "--cases", json.dumps([_case(p, c) for p, c in cases])],
-                         env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    return run_child(__file__, "--cases", json.dumps([_case(p, c) for p, c in cases]))
 
 
 @pytest.fixture(scope="module")
