@@ -646,40 +646,38 @@ def test_moe_fp8bs_pick_without_a_tiled_config_is_vllms_block_default():
         assert (cfg, source) == (MS.vllm_default(m, 8, "fp8bs"), "default")
 
 
+def _export_fp8bs_moe(tmp_path, capsys, *extra):
+    """`export-vllm --dtype fp8bs` of one MoE layer (E 256, N 256) for the H200: the CLI's line, the
+    file's entries as configs (each checked to be of the fp8bs space with its K tile in one 128-column
+    scale group) and the file's provenance sidecar entry."""
+    assert cli_main(["export-vllm", "--op", "moe", "--dtype", "fp8bs", "--moe", "256,256,7168,8", "--gpu",
+                     "NVIDIA H200", *extra, "--out", str(tmp_path)]) == 0
+    line = capsys.readouterr().out
+    path = tmp_path / "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
+    space = set(MS.generate_configs("sm90", "fp8bs"))
+    entries = {key: MS.from_vllm(entry) for key, entry in json.loads(path.read_text()).items()}
+    for key, cfg in entries.items():
+        assert cfg in space and 128 % cfg.block_k == 0, key
+    side = json.loads((tmp_path / V.SIDECAR).read_text())["files"][path.name]
+    assert side["dtype"] == "fp8bs"
+    return line, entries, side
+
+
 def test_moe_fp8bs_export_without_a_model_is_the_rule_and_says_so(tmp_path, capsys):
     """Where no model serves fp8bs (here a model folder without any): every entry is the op's
     fallback rule, vLLM's block-fp8 default, in the fp8bs space; the CLI's line says so."""
-    spec = "256,256,7168,8"
     empty = tmp_path / "no-models"
     empty.mkdir()
-    assert cli_main(["export-vllm", "--op", "moe", "--dtype", "fp8bs", "--moe", spec, "--gpu", "NVIDIA H200",
-                     "--models", str(empty), "--out", str(tmp_path)]) == 0
-    line = capsys.readouterr().out
+    line, entries, side = _export_fp8bs_moe(tmp_path, capsys, "--models", str(empty))
     assert "no moe model serves fp8bs on NVIDIA H200" in line and "fallback rule" in line
-    path = tmp_path / "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
-    raw = json.loads(path.read_text())
-    space = set(MS.generate_configs("sm90", "fp8bs"))
-    for key, entry in raw.items():
-        cfg = MS.from_vllm(entry)
-        assert cfg in space and 128 % cfg.block_k == 0, key
+    for key, cfg in entries.items():
         assert cfg == MS.vllm_default(int(key), 256, "fp8bs"), key
-    side = json.loads((tmp_path / V.SIDECAR).read_text())["files"][path.name]
-    assert side["dtype"] == "fp8bs" and side["counts"]["model"] == 0
+    assert side["counts"]["model"] == 0
 
 
 def test_moe_fp8bs_export_with_the_shipped_model_ranks_and_stays_in_the_space(tmp_path, capsys):
     """The shipped MoE model serves fp8bs (its H200 rows): the export ranks with it, says so, and every
     entry is a config of the fp8bs space whose K tile lies in one 128-column scale group."""
-    spec = "256,256,7168,8"
-    assert cli_main(["export-vllm", "--op", "moe", "--dtype", "fp8bs", "--moe", spec, "--gpu", "NVIDIA H200",
-                     "--out", str(tmp_path)]) == 0
-    line = capsys.readouterr().out
+    line, _, side = _export_fp8bs_moe(tmp_path, capsys)
     assert "no moe model serves fp8bs" not in line
-    path = tmp_path / "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
-    raw = json.loads(path.read_text())
-    space = set(MS.generate_configs("sm90", "fp8bs"))
-    for key, entry in raw.items():
-        cfg = MS.from_vllm(entry)
-        assert cfg in space and 128 % cfg.block_k == 0, key
-    side = json.loads((tmp_path / V.SIDECAR).read_text())["files"][path.name]
-    assert side["dtype"] == "fp8bs" and side["counts"]["model"] > 0
+    assert side["counts"]["model"] > 0
