@@ -72,6 +72,11 @@ def _mode(name: str) -> str:
     if got:
         suite = {"train": "train", "trainskewed": "train_skewed"}[got[2]]
         return f"pick:benchmarks/results/moe/h200/adapt-{got[3]}/picks-r{got[1]}-{got[3]}-{suite}.csv"
+    # `costmodel adapt --op gemm --dtype fp8` on the H200 (benchmarks/results/gemm/h200/adapt-fp8/):
+    # round 0's shard, the shipped model's top 8 per training problem.
+    got = re.match(r"gemm-adapt(\d+)-train-(fp8)-nvidia-h200-", name)
+    if got:
+        return f"pick:benchmarks/results/gemm/h200/adapt-{got[2]}/picks-r{got[1]}-{got[2]}-train.csv"
     if name.startswith(("moe-adapt0-h200-", "moe-adapt0-fp8-h200-")):
         return "pick:benchmarks/results/moe/h200/picks-r0.csv"
     if name.startswith(("moe-train-h200-", "moe-train-fp8-h200-")):

@@ -576,6 +576,18 @@ def test_select_candidates_pick_mode(tmp_path):
     assert H.select_candidates(Problem(16, 4096, 4096, "bf16"), f"pick:{path}", 0, op="gemm") == []
 
 
+def test_select_candidates_pick_mode_skips_unlisted_before_feasibility(tmp_path, monkeypatch):
+    # An adaptation round lists 400 of a suite's 11,270 problems; the others must cost nothing
+    # (their feasibility work took ~1,000 s of a round on the GPU host).
+    path = tmp_path / "picks.csv"
+    path.write_text(f"key,candidate\n{PROB.key},{feasible_configs(PROB)[0].id}\n")
+    spec = H.registry.get("gemm")
+    calls = []
+    monkeypatch.setattr(type(spec), "feasible_configs", lambda self, p, arch="sm90", include_vendor=True: calls.append(p) or [])
+    assert H.select_candidates(Problem(16, 4096, 4096, "bf16"), f"pick:{path}", 0, op="gemm") == []
+    assert calls == []
+
+
 def test_select_candidates_pick_mode_bad_files(tmp_path):
     with pytest.raises(ValueError, match="no such file"):
         H.select_candidates(PROB, f"pick:{tmp_path / 'nope.csv'}", 0, op="gemm")
