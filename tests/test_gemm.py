@@ -483,7 +483,7 @@ def test_gemv_is_compiled_per_weight_shape_and_stays_correct_across_shapes():
 def test_precompile_probes_a_shape_specialised_config_on_its_own_weight_shape():
     """The GEMV compiles per (N, K): its precompile task probes the problem's N and K (at M = 1),
     once per weight shape, while an MMA config keeps one task per divisibility class; the
-    tasks of one probe sit together, and chunks never split a probe's tasks."""
+    tasks of one probe sit together, and chunks split no probe's tasks that fit a worker's share."""
     from gemm_costmodel.benchmarks import precompile as P
     from gemm_costmodel.kernels.gemm.space import TiledConfig
 
@@ -504,3 +504,20 @@ def test_precompile_probes_a_shape_specialised_config_on_its_own_weight_shape():
     for i, c in enumerate(chunks):
         for _, f in c:
             assert owner.setdefault(tuple(sorted(f.items())), i) == i, "a probe split over chunks"
+
+
+def test_precompile_cuts_a_probe_larger_than_a_workers_share():
+    """One probe of 2,496 tasks (a vLLM fused-MoE evaluation problem's whole space) spreads over
+    all 14 workers instead of one; small probes stay whole; nothing is lost or repeated."""
+    from gemm_costmodel.benchmarks import precompile as P
+
+    big = [(f"c{i}", {"m": 3, "n": 16, "k": 64}) for i in range(2496)]
+    small = [(f"c{i}", {"m": 3, "n": 24, "k": 64}) for i in range(5)]
+    chunks = P.chunks_for(big + small, 14)
+    assert len(chunks) == 14
+    sizes = sorted(len(c) for c in chunks)
+    assert sizes[-1] <= -(-2501 // 14) and sizes[0] >= 2501 // 14 - 5
+    assert sorted(t[0] + str(t[1]) for c in chunks for t in c) == sorted(t[0] + str(t[1]) for t in big + small)
+    assert sum(any(t[1]["n"] == 24 for t in c) for c in chunks) == 1, "a small probe split"
+    # Fewer tasks than workers: one chunk per task, none empty.
+    assert [len(c) for c in P.chunks_for(small, 14)] == [1] * 5
