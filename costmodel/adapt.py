@@ -252,6 +252,45 @@ def adapt(cfg: AdaptConfig, measure: Callable[..., str] = bench_measure, log: Lo
     return state
 
 
+def plan_round(cfg: AdaptConfig, log: Log | None = None) -> list[dict]:
+    """The next round's picks without measuring (no GPU needed): what ``adapt`` would measure next
+    for ``cfg.gpu_name`` with the current model (``cfg.models``, default the shipped one), skipping
+    every problem a picks CSV already in ``cfg.out`` lists (copy a finished round's CSVs there).
+    Writes ``picks-r<R>-<dtype>-<suite>.csv`` into ``cfg.out`` and returns, per CSV, the
+    ``costmodel bench`` arguments that measure it under the round's shard name, so a GPU campaign
+    can measure a round planned and retrained on another machine."""
+    from gemm_costmodel.serving.runtime import Dispatcher
+
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    spec = registry.get(cfg.op)
+    os.makedirs(cfg.out, exist_ok=True)
+    done = sorted(glob.glob(os.path.join(cfg.out, "picks-r*-*.csv")))
+    picked: set[str] = set()
+    rounds = [-1]
+    for path in done:
+        rounds.append(int(os.path.basename(path)[len("picks-r"):].split("-", 1)[0]))
+        with open(path, newline="", encoding="utf-8") as fh:
+            picked |= {row["key"] for row in csv.DictReader(fh)}
+    r = max(rounds) + 1
+    disp = Dispatcher(gpu_name=cfg.gpu_name, models_dir=cfg.models, op=cfg.op)
+    slug = gpu_slug(cfg.gpu_name)
+    per_dtype = max(1, cfg.problems_per_round // len(cfg.dtypes))
+    out = []
+    for dtype in cfg.dtypes:
+        picks = choose(disp, spec, dtype, training_problems(spec, dtype), picked, per_dtype, cfg.top, cfg.seed + r)
+        by_suite: dict[str, list] = {}
+        for p in picks:
+            by_suite.setdefault(p[0], []).append(p)
+        for suite, sp in by_suite.items():
+            path = os.path.join(cfg.out, f"picks-r{r}-{dtype}-{suite}.csv")
+            write_picks(path, sp)
+            name = round_name(cfg.op, r, suite, dtype, slug)
+            args = ["--op", cfg.op, "--suite", suite, "--dtype", dtype, "--mode", f"pick:{path}", "--name", name]
+            log(f"round {r} {dtype} {suite}: {len({k for _, k, _ in sp})} problems, {len(sp)} configs -> {path}")
+            out.append({"round": r, "dtype": dtype, "suite": suite, "csv": path, "name": name, "bench_args": args})
+    return out
+
+
 def heldout_on_card(op: str, gpu_name: str, paths: list[str], jobs: int = 2, log: Log | None = None):
     """Leave-one-family-out figures on one card's evaluation problems (if the data holds its oracle):
     the card's evaluation rows never train, so the figures say how the adapted model does on

@@ -675,6 +675,20 @@ def cmd_adapt(args) -> int:
     from gemm_costmodel import adapt as A
     from gemm_costmodel import registry
 
+    if args.plan:
+        # Plan the next round on any machine; a GPU campaign measures it (docs/adapting.md).
+        if not args.gpu:
+            return _fail("--plan needs --gpu NAME: the card the round is for")
+        try:
+            cfg = A.AdaptConfig(op=args.op, gpu_name=args.gpu, out=args.out, dtypes=tuple(args.dtype or ()),
+                                problems_per_round=args.problems, top=args.top, seed=args.seed,
+                                data_root=args.root, models=args.models, jobs=args.jobs)
+            planned = A.plan_round(cfg)
+        except (OSError, ValueError, RuntimeError) as exc:
+            return _fail(str(exc))
+        for p in planned:
+            print("costmodel bench " + " ".join(p["bench_args"]))
+        return 0
     try:
         import torch
 
@@ -1179,6 +1193,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--root", default="datasets", help="the shipped dataset folder")
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--jobs", type=int, default=2, help="xgboost threads")
+    a.add_argument("--plan", action="store_true",
+                   help="only write the next round's picks CSVs into --out (skipping problems its picks-r*.csv "
+                        "list) and print the `costmodel bench` lines that measure them; no GPU needed (--gpu)")
     a.add_argument("--heldout", action="store_true",
                    help="at the end, leave-one-family-out figures on this card's evaluation problems, if the "
                         "data holds their oracle")

@@ -168,3 +168,25 @@ def test_cli_adapt_needs_a_gpu(tmp_path, capsys):
     rc = cli.main(["adapt", "--op", "moe", "--out", str(tmp_path / "a")])
     assert rc != 0
     assert "CUDA" in capsys.readouterr().err
+
+
+def test_cli_adapt_plan_writes_the_next_round_without_a_gpu(tmp_path, capsys):
+    """--plan: round 0's picks, then round 1 skipping every problem round 0 listed; the printed bench
+    lines measure each CSV under the round's shard name (the name the card-adaptation schemes read)."""
+    from gemm_costmodel import cli
+
+    out = tmp_path / "plan"
+    base = ["adapt", "--op", "gemm", "--dtype", "fp8", "--out", str(out), "--problems", "12", "--top", "2"]
+    assert cli.main(base + ["--plan"]) != 0 and "--gpu" in capsys.readouterr().err
+    assert cli.main(base + ["--plan", "--gpu", CARD]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    r0 = out / "picks-r0-fp8-train.csv"
+    assert lines == [f"costmodel bench --op gemm --suite train --dtype fp8 --mode pick:{r0} "
+                     "--name gemm-adapt0-train-fp8-nvidia-h200"]
+    rows0 = list(csv.DictReader(open(r0)))
+    keys0 = {r["key"] for r in rows0}
+    assert len(keys0) == 12 and len(rows0) == 24 and not any(r["candidate"] == "cublas" for r in rows0)
+    assert cli.main(base + ["--plan", "--gpu", CARD]) == 0
+    assert "gemm-adapt1-train-fp8-nvidia-h200" in capsys.readouterr().out
+    keys1 = {r["key"] for r in csv.DictReader(open(out / "picks-r1-fp8-train.csv"))}
+    assert len(keys1) == 12 and not keys0 & keys1
