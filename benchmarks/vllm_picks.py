@@ -35,10 +35,12 @@ from gemm_costmodel import registry
 from . import harness, precompile
 
 # A campaign's planning rates on an H200: the harness's measurements (the MoE campaigns' average) and
-# the parallel precompile's (config, key) tasks (14 workers; a fused-MoE task compiles vLLM's kernel
-# for both GEMMs, ~2 kernels at ~35 a second).
+# the parallel precompile's (config, key) tasks on 14 workers, as measured on the H200 (gate suites,
+# benchmarks/results/vllm_kernels/h200-gate/driver.log): a fused-MoE task (vLLM's kernel for both
+# GEMMs) 288 in 209 s, a block-fp8 linear task 64 in 26 s (2 tasks a worker: its rate on a full
+# sweep is nearer the fused MoE's per kernel, ~2.5 a second).
 MEASUREMENTS_PER_S = 70.0
-TASKS_PER_S = {"vllm_moe": 15.0, "vllm_w8a8_block": 30.0}
+TASKS_PER_S = {"vllm_moe": 1.4, "vllm_w8a8_block": 2.5}
 EVAL_SUITES = ("eval", "eval_core")
 # How many problems of a key measure each of its pooled configs, on average, where the key has few.
 REUSE = 4
