@@ -207,7 +207,9 @@ REGISTRY: dict[str, OpSpec] = {
         cascade={"keep": 16}, torch_op="gemm_costmodel.kernels.gemm.torch_op",
         # 1% grades (GEMV near-ties), M <= 2 trees of their own and a power-of-2-of-M shortlist:
         # docs/decisions/063-gemm-model-defaults.md.
-        train_defaults={"rank_step": 1.01, "split_m": 2, "shortlist_tol": 1.03,
+        # 200 trees a side: with the cascade the trees past the prefix score only its best 16
+        # (docs/decisions/073-gemm-200-trees.md).
+        train_defaults={"rank_step": 1.01, "split_m": 2, "shortlist_tol": 1.03, "n_estimators": 200,
                         "shortlist_edges": (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)}),
     # vLLM's w8a8 block-fp8 linear; the vendor candidate is torch._scaled_mm with cuBLASLt's
     # blockwise scaling (sm90).
