@@ -140,12 +140,13 @@ def estimate_line(args: list[str]) -> dict:
 
 
 def campaign_lines(path: str) -> list[tuple[str, list[str]]]:
-    """(name, bench args) of a campaign file's sweep lines (benchmarks/device_campaign.sh's format)."""
+    """(name, bench args) of a campaign file's sweep lines (benchmarks/device_campaign.sh's format);
+    its `!NAME COMMAND` lines run a shell command, not a sweep, and are left out."""
     out = []
     with open(path, encoding="utf-8") as fh:
         for line in fh:
             parts = line.split()  # the driver's `read -r name args` and unquoted $args: plain words
-            if not parts or parts[0].startswith("#"):
+            if not parts or parts[0].startswith(("#", "!")):
                 continue
             out.append((parts[0], parts[1:]))
     return out
