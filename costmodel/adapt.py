@@ -168,6 +168,20 @@ def round_name(op: str, r: int, suite: str, dtype: str, slug: str) -> str:
     return f"{op}-adapt{r}-{suite.replace('_', '')}-{dtype}-{slug}"
 
 
+def write_round(cfg: AdaptConfig, r: int, dtype: str, picks: list[tuple[str, str, str]], slug: str) -> list[tuple]:
+    """A round's picks of one dtype as one ``picks-r<R>-<dtype>-<suite>.csv`` per training suite in
+    ``cfg.out``; returns (suite, csv path, shard name, the suite's picks) per file."""
+    by_suite: dict[str, list] = {}
+    for p in picks:
+        by_suite.setdefault(p[0], []).append(p)
+    out = []
+    for suite, sp in by_suite.items():
+        path = os.path.join(cfg.out, f"picks-r{r}-{dtype}-{suite}.csv")
+        write_picks(path, sp)
+        out.append((suite, path, round_name(cfg.op, r, suite, dtype, slug), sp))
+    return out
+
+
 def base_parquet(spec: registry.OpSpec, root: str, dtypes) -> list[str]:
     out = []
     for d in dtypes:
@@ -215,13 +229,7 @@ def adapt(cfg: AdaptConfig, measure: Callable[..., str] = bench_measure, log: Lo
             if not picks:
                 log(f"round {r} {dtype}: every training problem picked already")
                 continue
-            by_suite: dict[str, list] = {}
-            for p in picks:
-                by_suite.setdefault(p[0], []).append(p)
-            for suite, sp in by_suite.items():
-                csv_path = os.path.join(cfg.out, f"picks-r{r}-{dtype}-{suite}.csv")
-                write_picks(csv_path, sp)
-                name = round_name(cfg.op, r, suite, dtype, slug)
+            for suite, csv_path, name, sp in write_round(cfg, r, dtype, picks, slug):
                 log(f"round {r} {dtype} {suite}: {len({k for _, k, _ in sp})} problems, {len(sp)} configs, "
                     f"{remaining / 60:.1f} device-minutes left")
                 t0 = time.time()
@@ -278,13 +286,7 @@ def plan_round(cfg: AdaptConfig, log: Log | None = None) -> list[dict]:
     out = []
     for dtype in cfg.dtypes:
         picks = choose(disp, spec, dtype, training_problems(spec, dtype), picked, per_dtype, cfg.top, cfg.seed + r)
-        by_suite: dict[str, list] = {}
-        for p in picks:
-            by_suite.setdefault(p[0], []).append(p)
-        for suite, sp in by_suite.items():
-            path = os.path.join(cfg.out, f"picks-r{r}-{dtype}-{suite}.csv")
-            write_picks(path, sp)
-            name = round_name(cfg.op, r, suite, dtype, slug)
+        for suite, path, name, sp in write_round(cfg, r, dtype, picks, slug):
             args = ["--op", cfg.op, "--suite", suite, "--dtype", dtype, "--mode", f"pick:{path}", "--name", name]
             log(f"round {r} {dtype} {suite}: {len({k for _, k, _ in sp})} problems, {len(sp)} configs -> {path}")
             out.append({"round": r, "dtype": dtype, "suite": suite, "csv": path, "name": name, "bench_args": args})
