@@ -124,9 +124,6 @@ def estimate_line(args: list[str]) -> dict:
     if a.limit:
         shapes = shapes[: a.limit]
     shapes = harness.shard_shapes(shapes, harness.parse_shard(a.shard))
-    if a.mode.startswith("pick:"):  # a problem the CSV does not list gets no candidate: skip it here
-        listed = harness.picked_candidates(a.mode.split(":", 1)[1])
-        shapes = [s for s in shapes if s.key in listed]
     todo, n = [], 0
     for s in shapes:
         p = harness.shape_problem(spec, s)
