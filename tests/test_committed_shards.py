@@ -122,7 +122,16 @@ def _mode(name: str) -> str:
         return "pick:benchmarks/campaigns/dense-decode-train2-fp8-picks.csv"
     if name.startswith("dense-decode-train2-"):
         return "pick:benchmarks/campaigns/dense-decode-train2-picks.csv"
+    # vLLM's own kernels' training rows on the H200 (benchmarks/campaigns/next-h200.txt): the configs
+    # benchmarks/explore/vllm_picks.py listed per training problem, one shard of its split each.
+    if name.startswith("vmoe-train-h200-"):
+        return "pick:benchmarks/campaigns/vllm-moe-train-bf16-picks.csv"
+    if name.startswith("vbs-train-h200-"):
+        return "pick:benchmarks/campaigns/vllm-w8a8-block-train-picks.csv"
     return "sample:48" if name.startswith("train-") else "all"
+
+
+EXTRA_FIELDS = ("e", "top_k", "stage", "routing")
 
 
 def _stored(path):
@@ -131,9 +140,10 @@ def _stored(path):
     with gzip.open(path, "rt", encoding="utf-8") as fh:
         for line in fh:
             r = json.loads(line)
-            # A problem's fields: (dtype, M, N, K), plus E, top_k, stage and routing for the MoE op.
+            # A problem's fields: (dtype, M, N, K), plus those of E, top_k, stage and routing its op
+            # has (the MoE ops; vLLM's fused MoE has no stage), as (name, value) pairs.
             key = (r["dtype"], int(r["m"]), int(r["n"]), int(r["k"]),
-                   *((int(r["e"]), int(r["top_k"]), r["stage"], r["routing"]) if r.get("stage") else ()))
+                   *((f, r[f]) for f in EXTRA_FIELDS if r.get(f) not in (None, "")))
             shapes[key].add(r["candidate"])
             if r["status"] != "ok":
                 failed[key].add(r["candidate"])
@@ -174,7 +184,7 @@ def test_rerun_of_committed_shard_measures_nothing_new(path):
     partial = []
     for key, have in shapes.items():
         dtype, mm, n, k = key[:4]
-        fields = dict(zip(("e", "top_k", "stage", "routing"), key[4:]))
+        fields = {f: v for f, v in key[4:] if f in spec.problem_fields}
         prob = spec.problem_of({"m": mm, "n": n, "k": k, "dtype": dtype, **fields})
         if shard[1] > 1:  # the foundation runs are a fixed suite, not a hash shard
             assert H.in_shard(prob if fields else Shape(mm, n, k, dtype), shard), f"{name}: {prob.key} is not in {shard}"

@@ -259,7 +259,8 @@ def test_device_campaign_runs_each_listed_sweep_and_resumes_failed_ones(tmp_path
     name = f"test{os.getpid()}-{tmp_path.name}"
     campaign = tmp_path / f"{name}.txt"
     campaign.write_text("# a comment\n\nfirst --op moe --suite eval --dtype bf16 --mode all\n"
-                        "bad --op gemm --shard 0/8\n  \nlast --op fp8_blockscale --mode sample:8\n")
+                        "bad --op gemm --shard 0/8\n  \nlast --op fp8_blockscale --mode sample:8\n"
+                        "twin --op moe --shard 1/8\ntwin --op moe --shard 2/8\n")
     run = f"/tmp/campaign-{name}"  # the driver's run folder, named by the campaign file
     env = dict(os.environ, PATH=f"{fake}{os.pathsep}{os.environ.get('PATH', '')}")
 
@@ -282,8 +283,11 @@ def test_device_campaign_runs_each_listed_sweep_and_resumes_failed_ones(tmp_path
         assert calls == [
             f"-m gemm_costmodel.cli bench --out {run} --name first --quiet --op moe --suite eval --dtype bf16 --mode all",
             f"-m gemm_costmodel.cli bench --out {run} --name bad --quiet --op gemm --shard 0/8",
-            f"-m gemm_costmodel.cli bench --out {run} --name last --quiet --op fp8_blockscale --mode sample:8"]
-        assert sorted(f for f in os.listdir(run) if f.endswith(".done")) == ["first.done", "last.done"]
+            f"-m gemm_costmodel.cli bench --out {run} --name last --quiet --op fp8_blockscale --mode sample:8",
+            # two shards of one sweep share a name: the second is not skipped as done
+            f"-m gemm_costmodel.cli bench --out {run} --name twin --quiet --op moe --shard 1/8",
+            f"-m gemm_costmodel.cli bench --out {run} --name twin --quiet --op moe --shard 2/8"]
+        assert sorted(f.split(".")[0] for f in os.listdir(run) if f.endswith(".done")) == ["first", "last", "twin", "twin"]
         assert "FAILED bad" in open(f"{run}/driver.err").read()
         # a finished campaign starts nothing; with its marker gone, only the failed sweep reruns
         log.unlink()
