@@ -554,11 +554,11 @@ SAMPLED_ORACLE = "best measured of each problem's sampled candidates, not the fu
 
 def _report_header(df, cfg, sampled: bool = False) -> str:
     from gemm_costmodel.learning.evaluate import sampled_mask
+    from gemm_costmodel.learning.model import shape_cols
 
     held = sampled_mask(df) if sampled else df["eval_shape"].astype(bool)
-    # Distinct problems: the op's full key (an MoE problem's E, top_k, routing too).
-    counts = df[held].drop_duplicates([c for c in df.columns if c in ("gpu_name", "dtype", "m", "n", "k", "e", "top_k",
-                                                                     "stage", "routing")])
+    # Distinct problems: the op's full key (e.g. an MoE problem's experts and routing too).
+    counts = df[held].drop_duplicates(shape_cols(df))
     c = counts.groupby(["gpu_name", "dtype"]).size()
     lines = [f"Model: {cfg.formulation}, {cfg.n_estimators} trees of depth {cfg.max_depth}, eta "
              f"{cfg.learning_rate}, seed {cfg.seed}; trained on stable ok rows only.",
