@@ -557,8 +557,9 @@ def _report_header(df, cfg, sampled: bool = False) -> str:
     from gemm_costmodel.learning.model import shape_cols
 
     held = sampled_mask(df) if sampled else df["eval_shape"].astype(bool)
-    # Distinct problems: the op's full key (e.g. an MoE problem's experts and routing too).
-    counts = df[held].drop_duplicates(shape_cols(df))
+    # Sampled: distinct problems by the op's full key (a vllm_moe layer's experts and routing too); the
+    # fully measured count keeps its (GPU, dtype, M, N, K) key, so the committed reports rebuild unchanged.
+    counts = df[held].drop_duplicates(shape_cols(df) if sampled else ["gpu_name", "dtype", "m", "n", "k"])
     c = counts.groupby(["gpu_name", "dtype"]).size()
     lines = [f"Model: {cfg.formulation}, {cfg.n_estimators} trees of depth {cfg.max_depth}, eta "
              f"{cfg.learning_rate}, seed {cfg.seed}; trained on stable ok rows only.",
