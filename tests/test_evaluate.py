@@ -250,6 +250,25 @@ def test_family_folds_by_hand():
     assert set(folds["d"].train["m"]) == {8, 16, 32}
 
 
+def test_sampled_folds_hold_out_sampled_problems_against_their_best_measured():
+    """--sampled-heldout: a problem with SAMPLED_MIN_CANDIDATES ok rows is held out too (its oracle the
+    best measured); one with fewer is not; the training side keeps each row's own eval_shape flag."""
+    fams = [("a", 8, True), ("b", 16, False), ("c", 32, False)]
+    rows = [row(m, 256, 256, f"c{i}", 10.0 + i, eval_shape=ev, family=fam)
+            for fam, m, ev in fams for i in range(E.SAMPLED_MIN_CANDIDATES)]
+    rows.append(row(64, 256, 256, "c0", 5.0, eval_shape=False, family="d"))  # one candidate: not held out
+    df = pd.DataFrame(rows)
+    assert [f.name for f in E.folds_of(df, "family")] == ["a"]
+    folds = {f.name: f for f in E.folds_of(df, "family", sampled=True)}
+    assert sorted(folds) == ["a", "b", "c"]
+    assert set(folds["b"].test["m"]) == {16} and set(folds["b"].train["m"]) == {8, 32, 64}
+    # The training rows are the frame's own: only the fully measured problem weighs as one.
+    train = folds["b"].train
+    assert train["eval_shape"].tolist() == df.loc[train.index, "eval_shape"].tolist()
+    ps = E.per_shape(folds["b"].test, np.arange(len(folds["b"].test))[::-1].astype(float))
+    assert ps["oracle_us"].tolist() == [10.0] and ps["slowdown"].tolist() == [pytest.approx(1.3)]
+
+
 def two_gpu_frame():
     """fold_frame() measured on an H200 and again, every row, on an H100."""
     df = fold_frame()

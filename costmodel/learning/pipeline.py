@@ -147,13 +147,15 @@ class _Progress:
 
 
 def evaluate(df: pd.DataFrame, config: TrainConfig, schemes=("family", "nk"), log: Log = _print,
-             train_gpus=None):
+             train_gpus=None, sampled: bool = False):
     """Held-out results per scheme: {scheme: (per-shape results, model rows)}. ``train_gpus``:
-    learn from those GPUs' rows only, score every GPU's held-out shapes (``cross_validate``)."""
+    learn from those GPUs' rows only, score every GPU's held-out shapes; ``sampled``: hold out
+    sampled problems too, against their best measured candidate (``cross_validate``)."""
     out = {}
     for scheme in schemes:
         t0 = time.perf_counter()
-        out[scheme] = E.cross_validate(df, config, scheme=scheme, log=log, train_gpus=train_gpus)
+        out[scheme] = E.cross_validate(df, config, scheme=scheme, log=log, train_gpus=train_gpus,
+                                       sampled=sampled)
         log(f"evaluate: {scheme} folds done in {time.perf_counter() - t0:.1f} s")
     return out
 
@@ -164,14 +166,15 @@ COMPARE_GRID = [
 
 
 def compare(df: pd.DataFrame, base: TrainConfig, grid=COMPARE_GRID, log: Log = _print,
-            train_gpus=None) -> pd.DataFrame:
+            train_gpus=None, sampled: bool = False) -> pd.DataFrame:
     """Leave-family-out metrics of the model for each (formulation, trees, depth, eta) in grid
-    (``train_gpus``: as in ``evaluate``)."""
+    (``train_gpus``, ``sampled``: as in ``evaluate``)."""
     rows = []
     for form, n, d, lr in grid:
         cfg = base.with_(formulation=form, n_estimators=n, max_depth=d, learning_rate=lr)
         t0 = time.perf_counter()
-        res, _ = E.cross_validate(df, cfg, scheme="family", baselines=False, train_gpus=train_gpus)
+        res, _ = E.cross_validate(df, cfg, scheme="family", baselines=False, train_gpus=train_gpus,
+                                  sampled=sampled)
         m = E.metrics_table(res, by=["gpu_name", "dtype"])
         for r in m.to_dict("records"):
             rows.append({"formulation": form, "trees": n, "depth": d, "eta": lr, "gpu": r["gpu_name"],

@@ -162,7 +162,7 @@ def card_section(cards: dict[str, pd.DataFrame], family: pd.DataFrame | None = N
 def write_report(out_dir: str, family: pd.DataFrame | None, nk: pd.DataFrame | None = None,
                  rows: pd.DataFrame | None = None, comparison: pd.DataFrame | None = None,
                  header: str = "", extra_sections: list[str] | None = None,
-                 cards: dict[str, pd.DataFrame] | None = None) -> str:
+                 cards: dict[str, pd.DataFrame] | None = None, sampled: bool = False) -> str:
     """Write report.md, results CSVs and the plots (from the family results, else the (N, K)
     ones, else the leave-one-card-out ones); returns the report path. ``cards``: results of the
     card schemes by name (their tables come through ``card_section`` in ``extra_sections``; here
@@ -178,7 +178,10 @@ def write_report(out_dir: str, family: pd.DataFrame | None, nk: pd.DataFrame | N
     else:
         plots_from, held_out = next(iter(cards.values())), "held-out card"
     L = ["# Cost model evaluation report\n", header]
-    L.append("Only evaluation shapes are scored (every feasible candidate measured: the oracle is exact). "
+    # ``sampled`` (`--sampled-heldout`): the held-out problems were measured on a sample of their candidates.
+    L.append(("Held-out problems measured on a sample of their candidates are scored: the 'oracle' is the best "
+              "candidate measured on each, not the best of the full space. " if sampled else
+              "Only evaluation shapes are scored (every feasible candidate measured: the oracle is exact). ") +
              "Slowdown = latency of the picked candidate / the oracle's. `match_2pct` = picked <= 1.02x oracle. "
              "`topK_bench_slowdown` = best measured latency among the method's top K / oracle ('model top-K "
              "then benchmark'). Baselines (best static, nearest neighbour) are fitted on each fold's training "
