@@ -68,7 +68,7 @@ def _mode(name: str) -> str:
     # shipped model's picks, and its random-sampling control (8 sampled configs per problem).
     # `costmodel adapt` rounds on the H200 (benchmarks/results/moe/h200/adapt-fp8/): each round's
     # shard holds the configs its picks CSV lists, per dtype and training suite.
-    got = re.match(r"moe-adapt(\d+)-(train|trainskewed)-(bf16|fp8)-nvidia-h200-", name)
+    got = re.match(r"moe-adapt(\d+)-(train|trainskewed)-(bf16|fp8bs|fp8)-nvidia-h200-", name)
     if got:
         suite = {"train": "train", "trainskewed": "train_skewed"}[got[2]]
         return f"pick:benchmarks/results/moe/h200/adapt-{got[3]}/picks-r{got[1]}-{got[3]}-{suite}.csv"
