@@ -124,10 +124,11 @@ def _mode(name: str) -> str:
         return "pick:benchmarks/campaigns/dense-decode-train2-picks.csv"
     # vLLM's own kernels' training rows on the H200 (benchmarks/campaigns/next-h200.txt): the configs
     # benchmarks/explore/vllm_picks.py listed per training problem, one shard of its split each.
-    if name.startswith("vmoe-train-h200-"):
-        return "pick:benchmarks/campaigns/vllm-moe-train-bf16-picks.csv"
-    if name.startswith("vbs-train-h200-"):
-        return "pick:benchmarks/campaigns/vllm-w8a8-block-train-picks.csv"
+    # Shard 0's lists have no suffix, shard i's end in -s<i>.
+    got = re.match(r"(vmoe|vbs)-train-h200-shard(\d+)of", name)
+    if got:
+        base = {"vmoe": "vllm-moe-train-bf16-picks", "vbs": "vllm-w8a8-block-train-picks"}[got[1]]
+        return f"pick:benchmarks/campaigns/{base}{f'-s{int(got[2])}' if int(got[2]) else ''}.csv"
     return "sample:48" if name.startswith("train-") else "all"
 
 

@@ -124,7 +124,10 @@ def test_vllms_configs_run_every_problem_and_the_fallback_is_vllms_default(op):
             else:
                 p, want, kw = space.Problem(m, n, k, dtype), space.vllm_default().id, {}
             mask = space.problem_mask(arrays, p)
-            assert all(ok for c, ok in zip(cfgs, mask) if c.variant == "tiled")
+            # every tiled config runs every problem, but for those Triton 3.6 cannot compile (vllm_moe)
+            assert all(ok or (op == "vllm_moe" and "triton#9809" in space.check_feasible(c, p)[1])
+                       for c, ok in zip(cfgs, mask) if c.variant == "tiled")
+            assert mask[[c.id for c in cfgs].index(want)]
             assert cfgs[spec.fallback_rule()(m, n, k, 132, dicts, **kw)].id == want
 
 
@@ -309,10 +312,16 @@ def test_a_gpu_sweep_without_vllms_source_stops_before_any_candidate(op, tmp_pat
 
 # -- the training picks and the campaign ----------------------------------------------------------------
 
-PICKS = {"vllm-moe-train-bf16-picks.csv": ("vllm_moe", "bf16", (0, 8)),
+# vllm-moe-train-bf16-picks.csv (shard 0 of 8) is left out: it was drawn before the space ruled out
+# the configs Triton 3.6 cannot compile (triton#9809) and was measured as it is
+# (vmoe-train-h200-shard00of08), so it stays the record of that sweep; every other list is the
+# generator's now.
+PICKS = {"vllm-moe-train-bf16-picks-s1.csv": ("vllm_moe", "bf16", (1, 8)),
+         "vllm-moe-train-bf16-picks-s2.csv": ("vllm_moe", "bf16", (2, 8)),
          "vllm-moe-train-fp8-picks.csv": ("vllm_moe", "fp8", (0, 8)),
          "vllm-moe-train-fp8bs-picks.csv": ("vllm_moe", "fp8bs", (0, 8)),
-         "vllm-w8a8-block-train-picks.csv": ("vllm_w8a8_block", "fp8", (0, 32))}
+         "vllm-w8a8-block-train-picks.csv": ("vllm_w8a8_block", "fp8", (0, 32)),
+         "vllm-w8a8-block-train-picks-s1.csv": ("vllm_w8a8_block", "fp8", (1, 32))}
 
 
 @pytest.mark.parametrize("name", sorted(PICKS))

@@ -115,7 +115,7 @@ REPRESENTATIVE = [
     (SORTED_ODD, VllmMoeConfig(16, 32, 64, 1, 4, 2)),
     (SORTED_ODD, VllmMoeConfig(256, 256, 64, 16, 8, 3)),
     (SORTED_ODD, VllmMoeConfig(256, 128, 64, 1, 4, 3)),
-    (PER_PAIR_ODD, VllmMoeConfig(256, 64, 64, 1, 4, 3)),
+    (PER_PAIR_ODD, VllmMoeConfig(256, 256, 64, 1, 4, 3)),
     (_as(SORTED_ODD, "fp8"), VllmMoeConfig(16, 128, 128, 1, 4, 3)),
     (_as(SORTED_ODD, "fp8"), VllmMoeConfig(64, 128, 128, 1, 4, 3)),
     (Problem(2, 333, 517, "fp8bs", 2, 2), VllmMoeConfig(32, 128, 128, 1, 4, 3)),
@@ -125,7 +125,8 @@ REPRESENTATIVE = [
 # Configs Triton 3.6.0 cannot compile on the sorted path (found by compiling the whole space, ``_sweep``):
 # BLOCK_SIZE_M 256 with 4 warps and (N, K tile) bf16 (64, 64), (128, 128); fp8 also (128, 256), (256, 128);
 # fp8bs (128, 128), (256, 128); any GROUP_SIZE_M and num_stages. bf16 fails at every N and K, fp8 and
-# fp8bs only with N or K off a multiple of 16; the per-pair path compiles them all.
+# fp8bs only with N or K off a multiple of 16; the per-pair path compiles them all. The space rules them
+# out on both paths (its rule reads the dimensions only: kernels/vllm_moe/space.py, PROBLEM_RULES).
 LAYOUT_BUG = [(p, VllmMoeConfig(256, n, k, g, 4, s)) for p in (SORTED_ODD, SORTED_ALIGNED)
               for n, k, g, s in ((64, 64, 1, 3), (128, 128, 16, 2))]
 LAYOUT_BUG += [(Problem(2, 333, 517, "fp8bs", 2, 2), VllmMoeConfig(256, 256, 128, 1, 4, 3))]

@@ -279,7 +279,32 @@ PROBLEM_RULES = (
     (lambda p: bool(p.k % VENDOR_ALIGN or p.n % VENDOR_ALIGN),
      lambda a, p: a.vendor,
      lambda p, c: f"torch._grouped_mm needs the hidden size K and N divisible by {VENDOR_ALIGN} (16-byte rows)"),
+    # Triton 3.6 (vLLM 0.33's, and the GPU host's) cannot compile vLLM's kernel for these configs on
+    # its sorted path ("PassManager::run failed", triton#9809; the whole space compiled for sm90,
+    # tests/test_vllm_sm90_compile.py's LAYOUT_BUG). On the H200 the rule explains all 43 compile
+    # errors of the gate and bf16 training shard 0. An exported file must never name a config that
+    # does not compile. The per-pair path (M * top_k * 4 <= E) compiles them, but the rule reads the
+    # dimensions and dtype only (what the runtime's mask is given), so it holds on both paths.
+    (lambda p: p.dtype == "bf16" or bool(p.n % 16 or p.k % 16),
+     lambda a, p: _layout_bug(a, p.dtype),
+     lambda p, c: "BLOCK_SIZE_M 256 with 4 warps and this (BLOCK_SIZE_N, BLOCK_SIZE_K) does not compile on "
+                  "vLLM's sorted path under Triton 3.6 (triton#9809)"),
 )
+
+# (BLOCK_SIZE_N, BLOCK_SIZE_K) tiles of the Triton 3.6 failure at BLOCK_SIZE_M 256 with 4 warps, per dtype
+# (bf16 at every N and K; fp8 and fp8bs only with N or K off a multiple of 16: the rule's condition).
+LAYOUT_BUG_TILES = {"bf16": ((64, 64), (128, 128)), "fp8": ((64, 64), (128, 128), (128, 256), (256, 128)),
+                    "fp8bs": ((128, 128), (256, 128))}
+
+
+def _layout_bug(a, dtype: str):
+    import numpy as np
+
+    pm = a.params
+    tile = np.zeros(a.n, dtype=bool)
+    for bn, bk in LAYOUT_BUG_TILES.get(dtype, ()):
+        tile |= (pm["block_n"] == bn) & (pm["block_k"] == bk)
+    return (pm["block_m"] == 256) & (pm["num_warps"] == 4) & tile & ~a.vendor
 
 problem_mask, check_feasible, _feasible_one_by_one = feasibility(globals())
 
