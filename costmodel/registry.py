@@ -226,13 +226,13 @@ REGISTRY: dict[str, OpSpec] = {
         # 300 trees of depth 8 (leave-family-out 1.010), 1% grades, no vendor margin, M = 1 trees
         # fitted on every M (M = 1 weighted 20): docs/decisions/064-fp8bs-model-defaults.md. The
         # dense op's power-of-2-of-M shortlist at 3% (issue 58: a cold decision scores ~77 of ~295
-        # feasible candidates; the trees do not depend on it): docs/dispatch-latency.md.
+        # feasible candidates; the trees do not depend on it): docs/dispatch-latency-ops.md.
         train_defaults={"shortlist_tol": 1.03, "n_estimators": 300, "max_depth": 8, "learning_rate": 0.1,
                         "rank_step": 1.01, "split_m": 1, "split_high_rows": "all",
                         "split_low_rows": "all", "split_low_weight": 20.0,
                         "shortlist_edges": (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)},
         # A 40-tree prefix, 24 kept: the same picks as 60/48 on every evaluation problem of both
-        # cards (issue 58, benchmarks/explore/cascade_quality.py; docs/dispatch-latency.md).
+        # cards (issue 58, benchmarks/explore/cascade_quality.py; docs/dispatch-latency-ops.md).
         cascade={"keep": 24, "prefix_trees": 40}, torch_op="gemm_costmodel.kernels.fp8_blockscale.torch_op",
         # The M = 1 GEMV's best config follows the power-of-two part of N and K; held-out match
         # 87.9% -> 89.0% (docs/decisions/064-fp8bs-model-defaults.md).
@@ -260,14 +260,14 @@ REGISTRY: dict[str, OpSpec] = {
         # 300 trees at eta 0.1, 1% grades, decode queries (M <= 4) weighted 4 with trees of their own:
         # docs/decisions/065-moe-model-defaults.md. The dense op's power-of-2-of-M shortlist at 3%
         # (issue 58: a cold decision scores ~112 of ~214 bf16 candidates, ~83 of ~144 fp8; the trees do
-        # not depend on it): docs/dispatch-latency.md.
+        # not depend on it): docs/dispatch-latency-ops.md.
         train_defaults={"shortlist_tol": 1.03, "n_estimators": 300, "learning_rate": 0.1, "rank_step": 1.01,
                         "decode_weight": 4, "split_m": 4,
                         "shortlist_edges": (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)},
         # A 30-tree prefix, 48 kept (was 60 and 64: 1 miss in 676 problems,
         # docs/decisions/065-moe-model-defaults.md): with the shortlist, the whole model's pick on 631
         # of the 632 evaluation problems of both cards, geomean slowdown within 0.00003 (issue 58,
-        # benchmarks/explore/cascade_quality.py; docs/dispatch-latency.md).
+        # benchmarks/explore/cascade_quality.py; docs/dispatch-latency-ops.md).
         cascade={"keep": 48, "prefix_trees": 30}, torch_op="gemm_costmodel.kernels.moe.torch_op",
         columns={"e": ("int", "experts (1 for dense)", 1), "top_k": ("int", "experts per token (1 for dense)", 1),
                  "stage": ("str", "the op's stage ('' for one-stage ops; moe: gate_up or down)", ""),

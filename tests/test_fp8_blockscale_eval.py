@@ -120,7 +120,7 @@ def test_registry_wires_the_ops_baselines_and_defaults():
     assert registry.get("gemm").report_sections(None) == []
     spec = registry.get("fp8_blockscale")
     assert spec.vendor_ids == ("cublas",)
-    # The dense op's power-of-2-of-M shortlist at 3% (issue 58, docs/dispatch-latency.md).
+    # The dense op's power-of-2-of-M shortlist at 3% (issue 58, docs/dispatch-latency-ops.md).
     assert spec.train_defaults["shortlist_tol"] == 1.03
     assert set(spec.suites) == {"train", "eval", "gate"}
 
