@@ -68,8 +68,9 @@ def test_committed_dataset_loads_typed_and_valid():
         return {o.split("/")[0] for s in rows["origins"] for o in s.split(";")}
 
     op = df["op"].astype(str)
-    # The grouped GEMM (MoE training's expert GEMMs) draws its suites from the MoE op's families.
-    moe_family_ops = op.isin(["moe", "grouped_gemm"])
+    # The grouped GEMM (MoE training's expert GEMMs) and vLLM's fused-MoE kernel draw their suites from
+    # the MoE op's families.
+    moe_family_ops = op.isin(["moe", "grouped_gemm", "vllm_moe"])
     assert fams(df[~moe_family_ops]) <= set(TRAINING_FAMILIES)
     moe = df[moe_family_ops]
     assert fams(moe[~moe["eval_shape"]]) <= set(MOE_TRAINING)
