@@ -565,7 +565,10 @@ def _report_header(df, cfg, sampled: bool = False) -> str:
              f"{cfg.learning_rate}, seed {cfg.seed}; trained on stable ok rows only.",
              "Evaluation shapes: " + ", ".join(f"{g} {d}: {n}" for (g, d), n in c.items()) + ".\n"]
     if sampled:
-        lines.insert(1, "Held out with --sampled-heldout: problems measured on a sample of their candidates, "
+        from gemm_costmodel.learning.glance import SAMPLED_MARK
+
+        # The mark is how the README table (glance) knows to leave this report out.
+        lines.insert(1, f"{SAMPLED_MARK}: problems measured on a sample of their candidates, "
                         f"\"oracle\" = the {SAMPLED_ORACLE}; a baseline whose config was not measured "
                         "on a problem takes the fallback rule's nearest measured candidate there.")
     return "\n".join(lines) + "\n"
